@@ -1,0 +1,38 @@
+"""``sparrow-server`` command line. Each subcommand lives in ``sparrow_server.commands.<name>``
+and exposes ``register(subparsers)``, which adds its parser and sets ``func(args) -> int``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand modules, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "serve",
+    "rollout",
+    "schedules",
+    "cost",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparrow-server", description="Sparse-rollout server for RL of LLMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(f"sparrow_server.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"sparrow_server.commands.{name}":
+                raise
+            continue  # subcommand not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
