@@ -1,0 +1,44 @@
+"""Teacher-forced sparse attention equals step-by-step sparse decode at every generated position."""
+import torch
+
+from sparrow_server.sparsity.selection import dense_decode_attention, sparse_decode_attention
+from sparrow_server.sparsity.teacher_forced import sparse_causal_attention
+
+PS, SINK, RECENT = 4, 1, 2
+
+
+def _inputs(t_len=70, hq=6, hkv=2, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(t_len, hq, d, generator=g, dtype=torch.float64)
+    k = torch.randn(t_len, hkv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(t_len, hkv, d, generator=g, dtype=torch.float64)
+    return q, k, v
+
+
+def test_matches_decode_step_by_step():
+    q, k, v = _inputs()
+    t_len, sparse_from = q.shape[0], 9
+    budget = torch.full((t_len,), 5)
+    out = sparse_causal_attention(q, k, v, budget, sparse_from, PS, SINK, RECENT, 0.35)
+    for t in range(t_len):
+        lengths = torch.tensor([t + 1])
+        if t < sparse_from:
+            ref = dense_decode_attention(q[t : t + 1], k[None, : t + 1], v[None, : t + 1], lengths, 0.35)
+        else:
+            ref, _ = sparse_decode_attention(
+                q[t : t + 1], k[None, : t + 1], v[None, : t + 1], lengths, budget[t : t + 1], PS, SINK, RECENT, 0.35
+            )
+        torch.testing.assert_close(out[t], ref[0], rtol=0, atol=1e-12)
+
+
+def test_sparsity_changes_the_output_when_budget_is_tight():
+    q, k, v = _inputs(seed=1)
+    tight = sparse_causal_attention(q, k, v, torch.full((q.shape[0],), 4), 0, PS, SINK, RECENT, 0.35)
+    full = sparse_causal_attention(q, k, v, torch.full((q.shape[0],), 10**6), 0, PS, SINK, RECENT, 0.35)
+    assert (tight - full).abs().max() > 1e-3
+    # with the full budget every position is exactly causal dense attention
+    dense = torch.stack([
+        dense_decode_attention(q[t : t + 1], k[None, : t + 1], v[None, : t + 1], torch.tensor([t + 1]), 0.35)[0]
+        for t in range(q.shape[0])
+    ])
+    torch.testing.assert_close(full, dense, rtol=0, atol=1e-12)
