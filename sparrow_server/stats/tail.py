@@ -1,0 +1,126 @@
+"""Tail statistics of acceptance per length bin (the quantity the schedule is calibrated on).
+
+Tokens are pooled over all trajectories, grouped by the length bin of their position (2,000
+tokens by default), and each bin's low quantile (default the 5th percentile) is taken with
+numpy's default ``linear`` method; a percentile bootstrap gives its confidence interval.
+Pure numpy. Shapes: ``N`` pooled tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparrow_server.sparsity.schedule import DEFAULT_BIN_TOKENS
+
+DEFAULT_QUANTILE = 0.05
+DEFAULT_BOOTSTRAP = 1000
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_SEED = 0
+# Bootstrap resamples are drawn in chunks of at most this many token indices (bounds memory).
+_BOOTSTRAP_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class BinQuantile:
+    """One length bin: ``[bin_index * bin_tokens, (bin_index + 1) * bin_tokens)`` tokens."""
+
+    bin_index: int
+    n_tokens: int
+    quantile: float  # NaN when the bin has no tokens
+    ci_low: float
+    ci_high: float
+    mean: float
+
+
+def length_bins(positions: np.ndarray, bin_tokens: int = DEFAULT_BIN_TOKENS, n_bins: int | None = None) -> np.ndarray:
+    """Bin index of each token position. positions: [N] int >= 0 -> [N] int64.
+
+    With ``n_bins`` the last bin is open-ended (indices clamped to ``n_bins - 1``), as in schedules.
+    """
+    positions = np.asarray(positions)
+    if bin_tokens < 1:
+        raise ValueError(f"bin_tokens = {bin_tokens!r}: must be >= 1")
+    if positions.size and positions.min() < 0:
+        raise ValueError(f"positions: minimum {positions.min()} is negative")
+    bins = positions.astype(np.int64) // bin_tokens
+    return bins if n_bins is None else np.minimum(bins, n_bins - 1)
+
+
+def bootstrap_quantile_ci(
+    values: np.ndarray,
+    q: float = DEFAULT_QUANTILE,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int | np.random.Generator = DEFAULT_SEED,
+) -> tuple[float, float]:
+    """Percentile-bootstrap CI of ``np.quantile(values, q)``. values: [N] -> (low, high).
+
+    Resamples are vectorised (``[chunk, N]`` index draws). NaNs when ``values`` is empty.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    _check_quantile(q)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence = {confidence!r}: must be in (0, 1)")
+    if n_boot < 1:
+        raise ValueError(f"n_boot = {n_boot!r}: must be >= 1")
+    n = values.size
+    if n == 0:
+        return float("nan"), float("nan")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    chunk = max(1, _BOOTSTRAP_CHUNK_ELEMENTS // n)
+    stats = np.empty(n_boot)
+    for start in range(0, n_boot, chunk):
+        stop = min(start + chunk, n_boot)
+        idx = rng.integers(0, n, size=(stop - start, n))
+        stats[start:stop] = np.quantile(values[idx], q, axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(stats, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def binned_quantiles(
+    acceptance: np.ndarray,
+    positions: np.ndarray,
+    bin_tokens: int = DEFAULT_BIN_TOKENS,
+    q: float = DEFAULT_QUANTILE,
+    n_bins: int | None = None,
+    n_boot: int = DEFAULT_BOOTSTRAP,
+    confidence: float = DEFAULT_CONFIDENCE,
+    seed: int = DEFAULT_SEED,
+) -> list[BinQuantile]:
+    """Per-bin quantile of pooled per-token acceptance, with bootstrap CIs.
+
+    acceptance: [N] in [0, 1]; positions: [N] the length (per the schedule's basis) at which
+    each token was generated. Returns one ``BinQuantile`` per bin ``0 .. n_bins - 1``
+    (default: up to the last non-empty bin); empty bins carry NaN. ``n_boot = 0`` skips the CIs.
+    """
+    acceptance = np.asarray(acceptance, dtype=np.float64)
+    positions = np.asarray(positions)
+    if acceptance.shape != positions.shape or acceptance.ndim != 1:
+        raise ValueError(f"acceptance {acceptance.shape} and positions {positions.shape} must both be [N]")
+    _check_quantile(q)
+    bins = length_bins(positions, bin_tokens, n_bins)
+    total = n_bins if n_bins is not None else (int(bins.max()) + 1 if bins.size else 0)
+    rng = np.random.default_rng(seed)
+    order = np.argsort(bins, kind="stable")
+    edges = np.searchsorted(bins[order], np.arange(total + 1))
+    out = []
+    for b in range(total):
+        vals = acceptance[order[edges[b]:edges[b + 1]]]
+        if vals.size == 0:
+            out.append(BinQuantile(b, 0, *(float("nan"),) * 4))
+            continue
+        low, high = (
+            bootstrap_quantile_ci(vals, q, n_boot, confidence, rng) if n_boot else (float("nan"), float("nan"))
+        )
+        out.append(BinQuantile(b, int(vals.size), float(np.quantile(vals, q)), low, high, float(vals.mean())))
+    return out
+
+
+def _check_quantile(q: float) -> None:
+    if not 0 <= q <= 1:
+        raise ValueError(f"q = {q!r}: must be in [0, 1]")
+
+
+__all__ = ["BinQuantile", "length_bins", "bootstrap_quantile_ci", "binned_quantiles", "DEFAULT_QUANTILE"]
