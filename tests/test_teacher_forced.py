@@ -19,7 +19,7 @@ def test_matches_decode_step_by_step():
     q, k, v = _inputs()
     t_len, sparse_from = q.shape[0], 9
     budget = torch.full((t_len,), 5)
-    out = sparse_causal_attention(q, k, v, budget, sparse_from, PS, SINK, RECENT, 0.35)
+    out = sparse_causal_attention(q, k, v, budget, sparse_from, PS, SINK, RECENT, 0.35, chunk=16)
     for t in range(t_len):
         lengths = torch.tensor([t + 1])
         if t < sparse_from:

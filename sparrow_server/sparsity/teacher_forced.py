@@ -18,7 +18,6 @@ from torch import Tensor
 
 from .selection import (
     batched_page_landmarks,
-    masked_decode_attention,
     num_pages,
     page_scores,
     query_summary,
@@ -34,18 +33,21 @@ def causal_page_selection(
     page_size: int,
     sink_pages: int,
     recent_pages: int,
+    query_offset: int = 0,
 ) -> Tensor:
-    """Page selection of every position as a decode query.
+    """Page selection of each query position as a decode query.
 
-    q: [T, Hq, D], k: [T, Hkv, D] post-RoPE, budget_pages: [T] (budget of the step that
-    processes each position, i.e. at length ``t + 1``). Returns page ids [T, Hkv, K] (-1 padded).
+    q: [C, Hq, D] queries of positions ``query_offset .. query_offset + C - 1``; k: [T, Hkv, D]
+    post-RoPE keys of the whole sequence (only the first ``position + 1`` matter per query);
+    budget_pages: [C], the budget of the step that processes each position (at length
+    ``position + 1``). Returns page ids [C, Hkv, K] (-1 padded).
     """
-    t_len, hkv = k.shape[0], k.shape[1]
+    c_len, (t_len, hkv) = q.shape[0], k.shape[:2]
     pad = (-t_len) % page_size
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)) if pad else k
     landmarks = batched_page_landmarks(kp[None], page_size)  # [1, P, Hkv, D]
-    scores = page_scores(query_summary(q, hkv), landmarks.expand(t_len, -1, -1, -1))
-    lengths = torch.arange(1, t_len + 1, device=k.device)
+    scores = page_scores(query_summary(q, hkv), landmarks.expand(c_len, -1, -1, -1))
+    lengths = torch.arange(query_offset + 1, query_offset + c_len + 1, device=k.device)
     page_ids, _ = select_pages(scores, num_pages(lengths, page_size), budget_pages, sink_pages, recent_pages)
     return page_ids
 
@@ -60,20 +62,43 @@ def sparse_causal_attention(
     sink_pages: int,
     recent_pages: int,
     scale: float,
+    chunk: int = 512,
 ) -> Tensor:
     """Causal attention where positions ``>= sparse_from`` attend only their selected pages.
 
     q: [T, Hq, D], k/v: [T, Hkv, D], budget_pages: [T]. Positions before ``sparse_from`` (the
     prompt, prefilled densely) attend causally and densely. Returns [T, Hq, D] in q's dtype.
-    Memory is O(T^2 * Hkv); meant for training and tests, not serving.
+    Queries are processed ``chunk`` at a time, so memory is O(chunk * T * Hq).
+    Differentiable in q, k, v (the selection itself is discrete and carries no gradient).
     """
-    t_len, hkv = k.shape[0], k.shape[1]
-    lengths = torch.arange(1, t_len + 1, device=k.device)
-    page_ids = causal_page_selection(q, k, budget_pages, page_size, sink_pages, recent_pages)
-    mask = token_mask(page_ids, lengths, page_size, t_len)  # [T, Hkv, T], causal by construction
-    causal = torch.arange(t_len, device=k.device)[None, :] < lengths[:, None]
-    dense_rows = (torch.arange(t_len, device=k.device) < sparse_from)[:, None, None]
+    return torch.cat([
+        _attend_chunk(q[s : s + chunk], k, v, budget_pages[s : s + chunk], s, sparse_from,
+                      page_size, sink_pages, recent_pages, scale)
+        for s in range(0, q.shape[0], chunk)
+    ])
+
+
+def _attend_chunk(q, k, v, budget_pages, offset, sparse_from, page_size, sink_pages, recent_pages, scale):
+    c_len, t_len, hkv = q.shape[0], k.shape[0], k.shape[1]
+    positions = torch.arange(offset, offset + c_len, device=k.device)
+    with torch.no_grad():
+        page_ids = causal_page_selection(q, k, budget_pages, page_size, sink_pages, recent_pages, offset)
+    mask = token_mask(page_ids, positions + 1, page_size, t_len)  # [C, Hkv, T], causal by construction
+    causal = torch.arange(t_len, device=k.device)[None, :] <= positions[:, None]
+    dense_rows = (positions < sparse_from)[:, None, None]
     mask = torch.where(dense_rows, causal[:, None, :].expand_as(mask), mask)
-    kk = k[None].expand(t_len, -1, -1, -1)
-    vv = v[None].expand(t_len, -1, -1, -1)
-    return masked_decode_attention(q, kk, vv, mask, scale)
+    return _shared_kv_attention(q, k, v, mask, scale)
+
+
+def _shared_kv_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """Like ``masked_decode_attention`` but every query row shares one K/V sequence (no copies).
+
+    q: [C, Hq, D], k/v: [T, Hkv, D], mask: [C, Hkv, T] -> [C, Hq, D].
+    """
+    c_len, hq, d = q.shape
+    hkv = k.shape[1]
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qg = q.to(acc).view(c_len, hkv, hq // hkv, d)
+    logits = torch.einsum("chgd,thd->chgt", qg, k.to(acc)) * scale
+    probs = torch.softmax(logits.masked_fill(~mask[:, :, None, :], float("-inf")), dim=-1)
+    return torch.einsum("chgt,thd->chgd", probs, v.to(acc)).reshape(c_len, hq, d).to(q.dtype)
