@@ -79,6 +79,13 @@ def select_pages(
     n_pages = n_pages.to(device=device, dtype=torch.int64)
     budget = budget_pages.to(device=device, dtype=torch.int64)
     counts = torch.minimum(n_pages, budget)
+    sparse_rows = n_pages > budget
+    if bool((sparse_rows & (budget < sink_pages + recent_pages)).any()):
+        bad = int(budget[sparse_rows & (budget < sink_pages + recent_pages)][0])
+        raise ValueError(
+            f"budget_pages = {bad}: a sparse row needs at least sink_pages + recent_pages = "
+            f"{sink_pages + recent_pages} pages (the partial last page must stay selected)"
+        )
     kmax = int(min(int(budget.max()) if b else 0, pmax))
     pos = torch.arange(pmax, device=device)
     n = n_pages[:, None, None]
@@ -87,8 +94,11 @@ def select_pages(
     reserved = (pos < sink_pages) | (pos >= n - recent_pages)
     candidate = in_seq & ~reserved
     # Reserved pages rank above any candidate; pages past the end rank last.
+    # A NaN score ranks as the lowest candidate (a plain descending sort would put it first,
+    # above the reserved pages).
     big = torch.finfo(torch.float32).max
-    key = torch.where(candidate, scores.to(torch.float32).clamp(min=-big / 2, max=big / 2), torch.full_like(scores, NEG_INF, dtype=torch.float32))
+    finite = torch.nan_to_num(scores.to(torch.float32), nan=-big / 2).clamp(min=-big / 2, max=big / 2)
+    key = torch.where(candidate, finite, torch.full_like(scores, NEG_INF, dtype=torch.float32))
     key = torch.where(in_seq & (reserved | dense), torch.full_like(key, big), key)
     # Stable tie-break by position: earlier page first among equal scores.
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices[..., :kmax]
