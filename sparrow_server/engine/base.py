@@ -1,0 +1,277 @@
+"""Engine interface: what the HTTP service needs from a generation engine.
+
+Engine-agnostic on purpose (no torch types): the reference engine (PyTorch + transformers)
+and the SGLang engine (forwarding to SGLang's tokenizer manager) implement the same API.
+Requests and streamed outputs are frozen dataclasses of plain Python values.
+"""
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from sparrow_server.sparsity.schedule import Schedule
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_TOP_K = -1  # -1 = no top-k truncation (SGLang's convention)
+DEFAULT_MIN_P = 0.0
+MAX_TOP_LOGPROBS = 20
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
+
+
+class EngineError(Exception):
+    """Base of every error an engine raises on a request."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request field with a bad value (HTTP 422). ``field`` names it, ``value`` is its value."""
+
+    def __init__(self, field_name: str, value: Any, reason: str):
+        self.field = field_name
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{field_name} = {value!r}: {reason}")
+
+
+class ContextLengthError(EngineError, ValueError):
+    """Prompt plus ``max_new_tokens`` does not fit the model's context (HTTP 400)."""
+
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, context_length: int, what: str = "context length"):
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.context_length = context_length
+        super().__init__(
+            f"prompt_tokens ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) = "
+            f"{prompt_tokens + max_new_tokens} exceeds the model's {what} ({context_length})"
+        )
+
+
+class UnknownAdapterError(EngineError, KeyError):
+    """No adapter of that name (HTTP 404)."""
+
+    def __init__(self, name: str, known: tuple[str, ...] = ()):
+        self.name = name
+        self.known = known
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"unknown adapter {self.name!r} (loaded: {', '.join(self.known) or 'none'})"
+
+
+class DuplicateRequestError(EngineError, ValueError):
+    """A live request already uses this ``rid`` (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request. ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    min_p: float = DEFAULT_MIN_P
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _validate_sampling(self)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Temperature the reported logprobs are computed at (1 when greedy, as SGLang does)."""
+        return 1.0 if self.is_greedy else self.temperature
+
+
+def _validate_sampling(p: SamplingParams) -> None:
+    def bad(name: str, value: Any, reason: str) -> InvalidRequestError:
+        return InvalidRequestError(f"sampling_params.{name}", value, reason)
+
+    if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
+        raise bad("max_new_tokens", p.max_new_tokens, "must be an integer >= 1")
+    if not _finite(p.temperature) or p.temperature < 0:
+        raise bad("temperature", p.temperature, "must be a finite number >= 0")
+    if not _finite(p.top_p) or not 0.0 < p.top_p <= 1.0:
+        raise bad("top_p", p.top_p, "must be in (0, 1]")
+    if isinstance(p.top_k, bool) or not isinstance(p.top_k, int) or (p.top_k < 1 and p.top_k != -1):
+        raise bad("top_k", p.top_k, "must be -1 (off) or an integer >= 1")
+    if not _finite(p.min_p) or not 0.0 <= p.min_p <= 1.0:
+        raise bad("min_p", p.min_p, "must be in [0, 1]")
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int) or p.seed < 0):
+        raise bad("seed", p.seed, "must be a non-negative integer")
+    for i, t in enumerate(p.stop_token_ids):
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise bad(f"stop_token_ids[{i}]", t, "must be a non-negative integer")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One sequence to generate. The schedule is resolved before submission; the adapter is a
+    name the engine resolves once, at admission (the request finishes on that version).
+
+    ``return_selected_pages``: record, per generated token, the pages each sparse layer's KV
+    heads attended (for tests and debugging). ``verify``/``record_topk``: reserved for dense
+    verification (the sparse top-k distribution recorded per token, then re-scored densely).
+    """
+
+    rid: str
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    schedule: Schedule | None = None
+    adapter: str | None = None
+    top_logprobs: int = 0
+    return_selected_pages: bool = False
+    verify: bool = False
+    record_topk: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.input_ids:
+            raise InvalidRequestError("input_ids", list(self.input_ids), "must not be empty")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
+        if self.record_topk < 0:
+            raise InvalidRequestError("record_topk", self.record_topk, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a sequence ended, in SGLang's shape: ``stop`` (``matched`` = the token id),
+    ``length`` (``length`` = max_new_tokens), ``abort`` or ``error`` (``message``)."""
+
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.type == "stop":
+            out["matched"] = self.matched
+        if self.length is not None:
+            out["length"] = self.length
+        if self.message is not None:
+            out["message"] = self.message
+        return out
+
+
+# One generated token's top logprobs: ((logprob, token_id), ...) best first.
+TopLogprobs = tuple[tuple[float, int], ...]
+# Pages attended for one generated token: per layer (None for a dense layer), per KV head,
+# the logical page indices (ascending) within the sequence.
+PageSelection = tuple[tuple[tuple[int, ...], ...] | None, ...]
+
+
+@dataclass(frozen=True)
+class GenerationChunk:
+    """Tokens produced since the previous chunk of the same request (``rid``).
+
+    ``kv_budget_tokens[i]``: KV tokens the sparse layers attended to produce token ``i``
+    (``None`` for the token produced by the dense prefill). ``finish`` is set on the last chunk.
+    """
+
+    rid: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    top_logprobs: tuple[TopLogprobs, ...] | None = None
+    kv_budget_tokens: tuple[int | None, ...] = ()
+    selected_pages: tuple[PageSelection, ...] | None = None
+    finish: FinishReason | None = None
+    adapter: str | None = None
+    weight_version: str = DEFAULT_WEIGHT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific fields (e.g. verification)
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    model_name: str
+    vocab_size: int
+    context_length: int
+    weight_version: str
+    page_size: int
+    eos_token_ids: tuple[int, ...] = ()
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class EngineHealth:
+    ok: bool
+    live_requests: int
+    queued_requests: int
+    free_pages: int | None = None
+    total_pages: int | None = None
+    detail: str = ""
+
+
+class Engine(abc.ABC):
+    """What the service calls. Implementations must be safe to call from one asyncio loop."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start background work (the batching loop)."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Abort live requests and stop background work."""
+
+    @abc.abstractmethod
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise the error the request would fail with at admission (no side effects)."""
+
+    @abc.abstractmethod
+    def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        """Admit a request and stream its chunks; the last one has ``finish`` set.
+
+        Closing the iterator before the last chunk aborts the request and frees its memory.
+        Raises (on first iteration) the errors of ``validate``.
+        """
+
+    @abc.abstractmethod
+    async def abort(self, rid: str) -> bool:
+        """Abort a live request; False when no such request is live."""
+
+    @abc.abstractmethod
+    def live_requests(self) -> tuple[str, ...]:
+        """rids admitted and not yet finished (queued or running)."""
+
+    @abc.abstractmethod
+    def health(self) -> EngineHealth: ...
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo: ...
+
+    def adapters(self) -> tuple[str, ...]:
+        """Names of the loaded adapters."""
+        return ()
+
+    def resolve_adapter(self, name: str | None) -> str | None:
+        """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""
+        if name is None:
+            return None
+        raise UnknownAdapterError(name, self.adapters())
+
+
+__all__ = [
+    "Engine", "EngineError", "InvalidRequestError", "ContextLengthError", "UnknownAdapterError",
+    "DuplicateRequestError", "SamplingParams", "GenerationRequest", "GenerationChunk", "FinishReason",
+    "EngineInfo", "EngineHealth", "TopLogprobs", "PageSelection", "DEFAULT_MAX_NEW_TOKENS",
+    "DEFAULT_WEIGHT_VERSION", "MAX_TOP_LOGPROBS",
+]

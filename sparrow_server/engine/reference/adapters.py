@@ -1,0 +1,62 @@
+"""LoRA adapters of the reference engine (peft). Minimal: load by name from a PEFT directory;
+requests name an adapter, resolved once at admission. Versioning, aliases and drain-then-unload
+come with the adapter-lifecycle issue and belong here."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparrow_server.engine.base import InvalidRequestError, UnknownAdapterError
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: str
+    loaded_at: float
+
+
+class AdapterRegistry:
+    """Name -> loaded adapter. ``attach`` wraps the base model in a peft ``PeftModel`` on first use."""
+
+    def __init__(self) -> None:
+        self._adapters: dict[str, AdapterInfo] = {}
+        self._lock = threading.Lock()
+
+    def names(self) -> tuple[str, ...]:
+        with self._lock:
+            return tuple(sorted(self._adapters))
+
+    def infos(self) -> tuple[AdapterInfo, ...]:
+        with self._lock:
+            return tuple(self._adapters[n] for n in sorted(self._adapters))
+
+    def resolve(self, name: str | None) -> str | None:
+        if name is None:
+            return None
+        with self._lock:
+            if name in self._adapters:
+                return name
+        raise UnknownAdapterError(name, self.names())
+
+    def attach(self, model: Any, name: str, path: str | Path) -> Any:
+        """Load the PEFT directory ``path`` as adapter ``name`` into ``model``; returns the model to run."""
+        path = Path(path).expanduser()
+        if not (path / "adapter_config.json").is_file():
+            raise InvalidRequestError("adapter.path", str(path), "is not a PEFT adapter directory (no adapter_config.json)")
+        with self._lock:
+            if name in self._adapters:
+                raise InvalidRequestError("adapter.name", name, "is already loaded")
+        from peft import PeftModel
+
+        if hasattr(model, "peft_config"):
+            model.load_adapter(str(path), adapter_name=name)
+        else:
+            model = PeftModel.from_pretrained(model, str(path), adapter_name=name)
+        model.eval()
+        with self._lock:
+            self._adapters[name] = AdapterInfo(name, str(path), time.time())
+        return model
