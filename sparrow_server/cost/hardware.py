@@ -1,0 +1,65 @@
+"""Accelerator ceilings for the roofline: dense bf16 matmul FLOP/s and HBM bytes/s."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # dense bf16 matrix FLOP/s
+    mem_bytes_per_s: float  # HBM bandwidth, bytes/s
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for field_name in ("peak_flops", "mem_bytes_per_s"):
+            value = getattr(self, field_name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"hardware field {field_name!r} = {value!r}: must be > 0")
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity above which a kernel is compute-bound."""
+        return self.peak_flops / self.mem_bytes_per_s
+
+    def with_overrides(self, peak_flops: float | None = None, mem_bytes_per_s: float | None = None) -> "Hardware":
+        if peak_flops is None and mem_bytes_per_s is None:
+            return self
+        return replace(
+            self,
+            peak_flops=self.peak_flops if peak_flops is None else peak_flops,
+            mem_bytes_per_s=self.mem_bytes_per_s if mem_bytes_per_s is None else mem_bytes_per_s,
+            source=f"{self.source}; overridden",
+        )
+
+
+# Defaults are MEASURED on this project's lent hosts (recorded in the device library's KINDS.md, not
+# re-measured by this module): an 8192^3 bf16 torch.matmul on random data, and a device-to-device
+# copy counting bytes read + written. Vendor SXM datasheet figures, for comparison only (SPEC):
+# H100 989 TFLOP/s dense bf16, 3.35 TB/s; H200 989 TFLOP/s, 4.8 TB/s.
+HARDWARE_PRESETS: dict[str, Hardware] = {
+    "h100": Hardware(
+        "h100", peak_flops=798e12, mem_bytes_per_s=3.0e12,
+        source="measured on the lent H100 80GB HBM3 (2026-11-13): 798 TFLOP/s bf16 matmul, ~3.0 TB/s copy",
+    ),
+    "h200": Hardware(
+        "h200", peak_flops=788e12, mem_bytes_per_s=4.3e12,
+        source="measured on the lent H200 (2026-10-28, 2026-11-04): 769-798 TFLOP/s bf16 matmul, ~4.3 TB/s copy",
+    ),
+}
+SPEC_HARDWARE: dict[str, Hardware] = {
+    "h100-spec": Hardware("h100-spec", peak_flops=989e12, mem_bytes_per_s=3.35e12, source="H100 SXM datasheet"),
+    "h200-spec": Hardware("h200-spec", peak_flops=989e12, mem_bytes_per_s=4.8e12, source="H200 SXM datasheet"),
+}
+DEFAULT_HARDWARE = "h200"  # the paper's hardware
+
+
+def resolve_hardware(name: str) -> Hardware:
+    key = name.strip().lower()
+    table = {**HARDWARE_PRESETS, **SPEC_HARDWARE}
+    if key not in table:
+        raise ValueError(f"hardware = {name!r}: unknown (known: {', '.join(table)})")
+    return table[key]
+
+
+__all__ = ["Hardware", "HARDWARE_PRESETS", "SPEC_HARDWARE", "DEFAULT_HARDWARE", "resolve_hardware"]

@@ -1,0 +1,217 @@
+"""Roofline cost of dense vs block-sparse decode, and the predicted rollout speedup of a schedule.
+
+Every formula of the model lives in this module (docs/cost-model.md explains them). Per decode
+step of ``batch`` requests that each attend ``L`` tokens (prompt + generated, current included):
+
+- FLOPs per request: ``2 * matmul_params`` (linear layers) + per dense layer ``4 * Hq * hd * L``
+  (QK and AV) + per sparse layer ``4 * Hq * hd * A + 2 * Hkv * hd * S`` (attention over the ``A``
+  selected tokens, and scoring ``S`` landmarks);
+- bytes per step: the weights once (``matmul_params * weight_bytes``, shared by the batch) + per
+  request the KV read: dense layers ``L`` tokens, sparse layers ``A`` tokens, both at
+  ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` bf16 each;
+- time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s).
+
+A sparse layer keeps ``budget_pages`` pages including the partial last one, so
+``A = (budget_pages - 1) * ps + last_page_len``; it scores the ``n_pages - recent_pages`` pages
+the reference scores (``[0, n_pages - recent)``). A step whose sequence fits in the budget is
+dense (``A = L``, ``S = 0``). Top-k, the query summary and the new token's KV write are ignored
+(each under 1% of the step). A rollout group is one dense prefill of the prompt (shared by the
+``samples`` generations through the prefix cache) followed by ``samples`` decodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparrow_server.cost.hardware import HARDWARE_PRESETS, DEFAULT_HARDWARE, Hardware
+from sparrow_server.cost.model_shape import ModelShape
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule
+
+DEFAULT_DECODE_BATCH = 64
+DEFAULT_SAMPLES = 8  # generations per prompt (the paper's N)
+LANDMARK_BYTES = 2  # landmarks accumulate in fp32 and are stored in bf16, as in the reference
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """Bytes one decode step of a batch reads."""
+
+    weights: float
+    kv: float
+    landmarks: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.kv + self.landmarks
+
+
+@dataclass(frozen=True)
+class RooflineBytes:
+    dense: StepBytes
+    sparse: StepBytes
+
+    @property
+    def ratio(self) -> float:
+        """Dense / sparse bytes of the whole step (weights included)."""
+        return self.dense.total / self.sparse.total
+
+    @property
+    def attention_ratio(self) -> float:
+        """Dense / sparse bytes of attention alone (KV + landmarks): what a decode-kernel benchmark sees."""
+        return (self.dense.kv + self.dense.landmarks) / (self.sparse.kv + self.sparse.landmarks)
+
+
+@dataclass(frozen=True)
+class RolloutEstimate:
+    """Predicted cost of one prompt's rollout group (one prefill, ``samples`` generations)."""
+
+    prefill_s: float
+    dense_decode_s: float  # per generation, summed over its steps (step time / batch)
+    sparse_decode_s: float
+    samples: int
+    gen_len: int
+
+    @property
+    def dense_s(self) -> float:
+        return self.prefill_s + self.samples * self.dense_decode_s
+
+    @property
+    def sparse_s(self) -> float:
+        return self.prefill_s + self.samples * self.sparse_decode_s
+
+    @property
+    def speedup(self) -> float:
+        return self.dense_s / self.sparse_s
+
+    @property
+    def dense_tokens_per_s(self) -> float:
+        return self.samples * self.gen_len / self.dense_s
+
+    @property
+    def sparse_tokens_per_s(self) -> float:
+        return self.samples * self.gen_len / self.sparse_s
+
+
+def _sparse_layer_count(model: ModelShape, schedule: Schedule) -> int:
+    if schedule.is_dense:
+        return 0
+    return model.num_layers - len({layer for layer in schedule.dense_layers if layer < model.num_layers})
+
+
+def _attended_and_scored(schedule: Schedule, lengths: np.ndarray, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: tokens a sparse layer attends (A) and landmarks it scores (S). lengths: [S] -> ([S], [S])."""
+    ps = schedule.page_size
+    n_pages = -(-lengths // ps)
+    if schedule.is_dense:
+        return lengths.astype(np.float64), np.zeros(lengths.shape)
+    basis = lengths if schedule.length_basis == "total" else np.maximum(lengths - prompt_len, 0)
+    bins = np.minimum(basis // schedule.bin_tokens, len(schedule.budgets_tokens) - 1)
+    budget_pages = np.asarray(schedule.budgets_tokens, dtype=np.int64)[bins] // ps
+    last_page_len = lengths - (n_pages - 1) * ps
+    sparse = n_pages > budget_pages
+    attended = np.where(sparse, (budget_pages - 1) * ps + last_page_len, lengths)
+    scored = np.where(sparse, n_pages - schedule.recent_pages, 0)
+    return attended.astype(np.float64), scored.astype(np.float64)
+
+
+def step_flops_and_bytes(
+    model: ModelShape, schedule: Schedule, lengths, batch: int, prompt_len: int = 0
+) -> tuple[np.ndarray, StepBytes]:
+    """FLOPs and bytes of decode steps at each length. lengths: [S] int -> (flops [S], StepBytes of [S] arrays)."""
+    if batch < 1:
+        raise ValueError(f"batch = {batch!r}: must be >= 1")
+    lengths = np.atleast_1d(np.asarray(lengths, dtype=np.int64))
+    if lengths.size and lengths.min() < 1:
+        raise ValueError(f"lengths: minimum {lengths.min()} must be >= 1")
+    n_sparse = _sparse_layer_count(model, schedule)
+    n_dense = model.num_layers - n_sparse
+    attended, scored = _attended_and_scored(schedule, lengths, prompt_len)
+    hq_hd, hkv_hd = model.num_q_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    flops_req = (
+        2.0 * model.matmul_params
+        + n_dense * 4.0 * hq_hd * lengths
+        + n_sparse * (4.0 * hq_hd * attended + 2.0 * hkv_hd * scored)
+    )
+    kv_token_layer = 2.0 * hkv_hd * model.kv_bytes
+    kv_req = kv_token_layer * (n_dense * lengths + n_sparse * attended)
+    landmark_req = n_sparse * scored * hkv_hd * LANDMARK_BYTES
+    weights = np.full(lengths.shape, float(model.matmul_params * model.weight_bytes))
+    return batch * flops_req, StepBytes(weights, batch * kv_req, batch * landmark_req)
+
+
+def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0):
+    """Roofline time of decode steps of ``batch`` requests at each length: [S] -> [S] seconds."""
+    flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
+    return np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
+
+
+def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> float:
+    """Dense causal prefill of one prompt: 2 * matmul_params * L + layers * 2 * Hq * hd * L^2 FLOPs,
+    weights + the written KV as bytes."""
+    if prompt_len <= 0:
+        return 0.0
+    flops = 2.0 * model.matmul_params * prompt_len + model.num_layers * 2.0 * model.num_q_heads * model.head_dim * prompt_len**2
+    nbytes = model.matmul_params * model.weight_bytes + prompt_len * model.kv_bytes_per_token
+    return max(flops / hardware.peak_flops, nbytes / hardware.mem_bytes_per_s)
+
+
+def decode_time_per_request_s(
+    model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, hardware: Hardware, batch: int
+) -> float:
+    """Sum over a generation's steps of step time / batch (all requests of the batch in lockstep)."""
+    lengths = prompt_len + np.arange(1, gen_len + 1)
+    return float(step_time_s(model, schedule, lengths, batch, hardware, prompt_len).sum() / batch)
+
+
+def rollout_estimate(
+    model: ModelShape,
+    schedule: Schedule,
+    prompt_len: int,
+    gen_len: int,
+    samples: int = DEFAULT_SAMPLES,
+    hardware: Hardware | None = None,
+    batch: int = DEFAULT_DECODE_BATCH,
+) -> RolloutEstimate:
+    """Dense vs ``schedule`` cost of one rollout group (see the module docstring)."""
+    for field_name, value, minimum in (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+            raise ValueError(f"{field_name} = {value!r}: must be an integer >= {minimum}")
+    hardware = hardware or HARDWARE_PRESETS[DEFAULT_HARDWARE]
+    return RolloutEstimate(
+        prefill_s=prefill_time_s(model, prompt_len, hardware),
+        dense_decode_s=decode_time_per_request_s(model, dense_schedule(), prompt_len, gen_len, hardware, batch),
+        sparse_decode_s=decode_time_per_request_s(model, schedule, prompt_len, gen_len, hardware, batch),
+        samples=int(samples),
+        gen_len=int(gen_len),
+    )
+
+
+def predicted_speedup(
+    model: ModelShape,
+    schedule: Schedule,
+    prompt_len: int,
+    gen_len: int,
+    samples: int = DEFAULT_SAMPLES,
+    hardware: Hardware | None = None,
+    batch: int = DEFAULT_DECODE_BATCH,
+) -> float:
+    """Predicted rollout speedup (dense time / sparse time) of ``schedule``, integrated over the generation."""
+    return rollout_estimate(model, schedule, prompt_len, gen_len, samples, hardware, batch).speedup
+
+
+def roofline_bytes(
+    model: ModelShape, schedule: Schedule, length: int, batch: int = 1, prompt_len: int = 0
+) -> RooflineBytes:
+    """Bytes one decode step at ``length`` must read, dense vs ``schedule`` (for benchmarks to print)."""
+    _, dense = step_flops_and_bytes(model, dense_schedule(), [length], batch, prompt_len)
+    _, sparse = step_flops_and_bytes(model, schedule, [length], batch, prompt_len)
+    scalar = lambda b: StepBytes(float(b.weights[0]), float(b.kv[0]), float(b.landmarks[0]))  # noqa: E731
+    return RooflineBytes(scalar(dense), scalar(sparse))
+
+
+__all__ = [
+    "StepBytes", "RooflineBytes", "RolloutEstimate", "step_flops_and_bytes", "step_time_s", "prefill_time_s",
+    "decode_time_per_request_s", "rollout_estimate", "predicted_speedup", "roofline_bytes",
+    "DEFAULT_DECODE_BATCH", "DEFAULT_SAMPLES", "LANDMARK_BYTES",
+]
