@@ -1,0 +1,165 @@
+"""Launch and query an SGLang HTTP server for the GPU tests and benchmarks (standard library only,
+plus torch/safetensors for the tiny random checkpoint).
+
+- ``qwen3_config(size)``: Qwen3 1.7B / 4B / 8B architecture configs (served with ``--load-format dummy``).
+- ``write_tiny_checkpoint(dir)``: a small random Qwen3 with real (seeded, std 0.02) weights, so greedy
+  decoding has clear margins; same head shapes as Qwen3-1.7B (8 KV heads, G = 2, D = 128).
+- ``Server``: start ``python -m sglang.launch_server`` (own process group), wait for /health, stop.
+- ``generate``: one batched /generate call with input ids.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+QWEN3_BASE = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000, "rope_scaling": None,
+    "rms_norm_eps": 1e-06, "torch_dtype": "bfloat16", "dtype": "bfloat16", "hidden_act": "silu",
+    "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02, "sliding_window": None,
+    "use_sliding_window": False, "use_cache": True, "bos_token_id": 151643, "eos_token_id": 151645,
+}
+QWEN3_SIZES = {
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       tie_word_embeddings=True),
+    "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     tie_word_embeddings=True),
+    "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     tie_word_embeddings=False),
+}
+TINY = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=16,
+            tie_word_embeddings=True, vocab_size=4096)
+
+
+def qwen3_config(size: str) -> dict:
+    if size not in QWEN3_SIZES:
+        raise ValueError(f"size={size!r}: must be one of {sorted(QWEN3_SIZES)}")
+    cfg = dict(QWEN3_BASE, **QWEN3_SIZES[size])
+    cfg["max_window_layers"] = cfg["num_hidden_layers"]
+    return cfg
+
+
+def write_config(model_dir: str | Path, cfg: dict) -> Path:
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(cfg, indent=1))
+    return model_dir
+
+
+def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0) -> Path:
+    """A 6-layer random Qwen3 (vocab 4096) saved as safetensors; returns its directory."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = dict(QWEN3_BASE, **TINY)
+    cfg["max_window_layers"] = cfg["num_hidden_layers"]
+    model_dir = write_config(model_dir, cfg)
+    g = torch.Generator().manual_seed(seed)
+    hs, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    rnd = lambda *shape: (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
+    ones = lambda n: torch.ones(n, dtype=torch.bfloat16)
+    w = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], hs), "model.norm.weight": ones(hs)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w.update({
+            p + "input_layernorm.weight": ones(hs), p + "post_attention_layernorm.weight": ones(hs),
+            p + "self_attn.q_proj.weight": rnd(nq * hd, hs), p + "self_attn.k_proj.weight": rnd(nkv * hd, hs),
+            p + "self_attn.v_proj.weight": rnd(nkv * hd, hs), p + "self_attn.o_proj.weight": rnd(hs, nq * hd),
+            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
+            p + "mlp.gate_proj.weight": rnd(inter, hs), p + "mlp.up_proj.weight": rnd(inter, hs),
+            p + "mlp.down_proj.weight": rnd(hs, inter),
+        })
+    save_file(w, str(model_dir / "model.safetensors"))
+    return model_dir
+
+
+class Server:
+    """``python -m sglang.launch_server`` in its own process group, logging to ``log_path``."""
+
+    def __init__(self, model_dir, args: list[str], log_path, port: int = 30000, env: dict | None = None):
+        self.port = port
+        self.log_path = Path(log_path)
+        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+                    "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", *args]
+        self.env = dict(os.environ, **(env or {}))
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 400) -> float:
+        """Start and wait for /health; returns seconds to healthy. Raises with the log tail on failure."""
+        t0 = time.time()
+        log = open(self.log_path, "a")
+        log.write("$ " + " ".join(self.cmd) + "\n")
+        log.flush()
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+        while time.time() - t0 < timeout_s:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                urllib.request.urlopen(self.base + "/health", timeout=3)
+                return time.time() - t0
+            except Exception:
+                time.sleep(2)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {timeout_s} s:\n{self.tail()}")
+
+    def tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def log_offset(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=20)
+        except Exception:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc = None
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def generate(base: str, input_ids: list[list[int]], max_new_tokens: int, schedule: str | list | None = None,
+             temperature: float = 0.0, ignore_eos: bool = True, timeout: float = 900) -> list[dict]:
+    """One batched /generate call; ``schedule`` (one name or one per prompt) goes in custom_params."""
+    schedules = schedule if isinstance(schedule, list) else [schedule] * len(input_ids)
+    params = []
+    for s in schedules:
+        sp = {"max_new_tokens": max_new_tokens, "temperature": temperature, "ignore_eos": ignore_eos}
+        if s is not None:
+            sp["custom_params"] = {"sparrow_schedule": s}
+        params.append(sp)
+    payload = {"input_ids": input_ids, "sampling_params": params}
+    req = urllib.request.Request(base + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        out = json.loads(r.read())
+    return out if isinstance(out, list) else [out]

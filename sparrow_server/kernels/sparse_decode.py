@@ -1,0 +1,113 @@
+"""Triton kernels of block-sparse decode (CUDA-graph safe: grids depend only on static sizes).
+
+- ``update_landmarks``: mean key of the page holding each written slot (fp32 accumulation).
+- ``page_scores``: fused gather + dot: for each request and candidate page, the landmark of every
+  KV head dotted with the mean query of that head's group; ``-inf`` elsewhere.
+- ``write_indices``: per (request, KV head) row, the FlashInfer page ids of sink + top-k + recent
+  pages into the decode wrapper's index buffer.
+Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
+
+
+@triton.jit
+def _landmark_kernel(k_ptr, loc_ptr, lm_ptr, HD: tl.constexpr, PS: tl.constexpr, ONLY_FULL: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    loc = tl.load(loc_ptr + i).to(tl.int64)
+    page = loc // PS
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HD
+    if ONLY_FULL:
+        mask = mask & ((loc % PS) == PS - 1)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    base = k_ptr + page * PS * HD
+    for t in tl.static_range(PS):
+        acc += tl.load(base + t * HD + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(lm_ptr + page * HD + offs, (acc / PS).to(lm_ptr.dtype.element_ty), mask=mask)
+
+
+def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool) -> None:
+    """k_buf: [N, H, D] contiguous; locs: [T] slots; landmarks: [N // ps, H, D]."""
+    t = locs.shape[0]
+    if t == 0:
+        return
+    hd = k_buf.shape[1] * k_buf.shape[2]
+    _landmark_kernel[(t,)](k_buf, locs, landmarks, HD=hd, PS=page_size, ONLY_FULL=only_full,
+                           BLOCK=triton.next_power_of_2(hd), num_warps=4)
+
+
+@triton.jit
+def _score_kernel(q_ptr, lm_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
+                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr):
+    b = tl.program_id(0)
+    pb = tl.program_id(1)
+    j = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    cand = (j >= lo) & (j < hi)
+    rpi = tl.load(rpi_ptr + b).to(tl.int64)
+    slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
+    page = slot // PS
+    d = tl.arange(0, D)
+    in_row = j < pcap
+    for h in tl.static_range(H):
+        qs = tl.zeros([D], dtype=tl.float32)
+        for g in tl.static_range(G):
+            qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+        qs = qs / G
+        lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
+        s = tl.sum(lm.to(tl.float32) * qs[None, :], axis=1)
+        s = tl.where(cand, s, float("-inf"))
+        tl.store(out_ptr + (b * H + h) * pcap + j, s, mask=in_row)
+
+
+def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
+                cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, block_p: int = 64) -> Tensor:
+    """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32 (written entirely). Returns out."""
+    b, hq, d = q.shape
+    h = landmarks.shape[1]
+    pcap = out.shape[1]
+    _score_kernel[(b, triton.cdiv(pcap, block_p))](
+        q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), pcap,
+        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=block_p, num_warps=4)
+    return out
+
+
+@triton.jit
+def _index_kernel(topk_ptr, topk_stride, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, indptr_ptr, out_ptr,
+                  r2t_stride, H: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
+    r = tl.program_id(0)
+    tb = tl.program_id(1)
+    b = r // H
+    h = r % H
+    t = tb * BLOCK + tl.arange(0, BLOCK)
+    cnt = tl.load(cnt_ptr + b)
+    n = tl.load(n_ptr + b)
+    s = tl.load(sink_ptr + b)
+    k = tl.load(k_ptr + b)
+    valid = t < cnt
+    is_mid = (t >= s) & (t < s + k)
+    mid = tl.load(topk_ptr + r.to(tl.int64) * topk_stride + (t - s), mask=valid & is_mid, other=0).to(tl.int32)
+    j = tl.where(t < s, t, tl.where(is_mid, mid, n - (cnt - t)))
+    rpi = tl.load(rpi_ptr + b).to(tl.int64)
+    slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=valid, other=0)
+    start = tl.load(indptr_ptr + r)
+    tl.store(out_ptr + start + t, slot * H + h, mask=valid)
+
+
+def write_indices(topk: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor, count: Tensor,
+                  sink: Tensor, k: Tensor, row_indptr: Tensor, num_kv_heads: int, page_size: int,
+                  max_count: int, out: Tensor, block: int = 256) -> None:
+    """topk: [B*H, K] int64 logical pages; out: int32 index buffer. Grid covers ``max_count`` per row."""
+    rows = topk.shape[0]
+    _index_kernel[(rows, triton.cdiv(max_count, block))](
+        topk, topk.stride(0), req_to_token, req_pool_indices, n_pages, count, sink, k, row_indptr, out,
+        req_to_token.stride(0), H=num_kv_heads, PS=page_size, BLOCK=block, num_warps=4)

@@ -1,0 +1,62 @@
+"""Settings of the SGLang plug-in, read from the environment of the scheduler process.
+
+The scheduler is spawned, so settings travel as environment variables (``sparrow-server serve
+--engine sglang`` sets them from its flags). Every default is defined here, once.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+BACKEND_NAME = "sparrow"
+CUSTOM_PARAM_SCHEDULE = "sparrow_schedule"            # a schedule name (``name`` or ``name@version``)
+CUSTOM_PARAM_SCHEDULE_JSON = "sparrow_schedule_json"  # a whole schedule as JSON text
+
+ENV_DEFAULT_SCHEDULE = "SPARROW_DEFAULT_SCHEDULE"
+ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"
+ENV_TOPK_CAP_TOKENS = "SPARROW_TOPK_CAP_TOKENS"
+ENV_LANDMARK_DTYPE = "SPARROW_LANDMARK_DTYPE"
+
+DEFAULT_SCHEDULE = "dense"
+# Largest top-k (in tokens, reserved pages excluded) one decode step may select per row. Static
+# because CUDA graphs need a fixed top-k width; budgets above it are clamped (and counted).
+DEFAULT_TOPK_CAP_TOKENS = 4096
+DEFAULT_LANDMARK_DTYPE = "bfloat16"
+LANDMARK_DTYPES = ("bfloat16", "float32")
+
+
+class PluginConfigError(ValueError):
+    """A bad plug-in setting; ``field`` names the environment variable."""
+
+    def __init__(self, field_name: str, value: object, reason: str):
+        self.field = field_name
+        self.value = value
+        super().__init__(f"{field_name}={value!r}: {reason}")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    default_schedule: str = DEFAULT_SCHEDULE
+    schedule_dir: str | None = None
+    topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
+    landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None) -> "PluginConfig":
+        env = os.environ if environ is None else environ
+        cap_text = env.get(ENV_TOPK_CAP_TOKENS, str(DEFAULT_TOPK_CAP_TOKENS))
+        try:
+            cap = int(cap_text)
+        except ValueError:
+            raise PluginConfigError(ENV_TOPK_CAP_TOKENS, cap_text, "must be an integer") from None
+        if cap < 1:
+            raise PluginConfigError(ENV_TOPK_CAP_TOKENS, cap, "must be >= 1")
+        dtype = env.get(ENV_LANDMARK_DTYPE, DEFAULT_LANDMARK_DTYPE)
+        if dtype not in LANDMARK_DTYPES:
+            raise PluginConfigError(ENV_LANDMARK_DTYPE, dtype, f"must be one of {list(LANDMARK_DTYPES)}")
+        return cls(
+            default_schedule=env.get(ENV_DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),
+            schedule_dir=env.get(ENV_SCHEDULE_DIR) or None,
+            topk_cap_tokens=cap,
+            landmark_dtype=dtype,
+        )

@@ -1,0 +1,140 @@
+"""Per-step decode planning on the host: budgets -> page counts, CSR row pointers, last-page lengths.
+
+Pure numpy, no SGLang or GPU. One FlashInfer row per (request, KV head): row ``r = b * Hkv + h``
+attends ``count[b]`` pages. The row's logical page list (written on the GPU per layer) is
+
+    [0, sink)  +  top-k[:k]  +  [n - (count - sink - k), n)
+
+so the current (possibly partial) page is last. A dense row (``n <= budget``) is written as
+``sink = n, k = 0``: pages ``0..n-1`` in order. Candidates for top-k are pages
+``[cand_lo, cand_hi)``; empty for dense rows (no landmark reads).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sparrow_server.sparsity.schedule import Schedule, budget_pages
+
+# Order of the per-request int32 fields in the packed metadata (host and device share it).
+REQUEST_FIELDS = ("n_pages", "count", "sink", "k", "cand_lo", "cand_hi")
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Host-side plan of one decode step. Arrays are int32 unless noted.
+
+    Per request [B]: ``n_pages``, ``count`` (pages attended), ``sink`` (leading pages kept in
+    order), ``k`` (top-k pages), ``cand_lo``/``cand_hi`` (top-k candidate range), ``budget_tokens``
+    (int64, attended tokens, for accounting). Per row [B * Hkv]: ``row_indptr`` [B*Hkv+1],
+    ``last_page_len``. ``clamped`` counts requests whose top-k exceeded the cap.
+    """
+
+    num_kv_heads: int
+    n_pages: np.ndarray
+    count: np.ndarray
+    sink: np.ndarray
+    k: np.ndarray
+    cand_lo: np.ndarray
+    cand_hi: np.ndarray
+    budget_tokens: np.ndarray
+    row_indptr: np.ndarray
+    last_page_len: np.ndarray
+    clamped: int
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.n_pages.shape[0])
+
+    @property
+    def total_pages(self) -> int:
+        return int(self.row_indptr[-1])
+
+    def request_fields(self) -> np.ndarray:
+        """[len(REQUEST_FIELDS), B] int32, rows in ``REQUEST_FIELDS`` order."""
+        return np.stack([getattr(self, f) for f in REQUEST_FIELDS]).astype(np.int32)
+
+
+def plan_request(schedule: Schedule, length: int, prompt_len: int, page_size: int, topk_cap_pages: int):
+    """(n_pages, count, sink, k, cand_lo, cand_hi, clamped) for one request at ``length`` tokens."""
+    n = max(math.ceil(length / page_size), 1)
+    budget = n if schedule.is_dense else budget_pages(schedule, length, prompt_len)
+    if n <= budget:
+        return n, n, n, 0, 0, 0, False
+    sink, recent = schedule.sink_pages, schedule.recent_pages
+    k = budget - sink - recent  # >= 1: schedules keep budgets above the reserved pages
+    clamped = k > topk_cap_pages
+    k = min(k, topk_cap_pages)
+    return n, sink + k + recent, sink, k, sink, n - recent, clamped
+
+
+def plan_step(
+    schedules: list[Schedule],
+    lengths: np.ndarray,
+    prompt_lens: np.ndarray,
+    num_kv_heads: int,
+    page_size: int,
+    topk_cap_pages: int,
+) -> StepPlan:
+    """Plan a decode step. ``lengths[b]``: KV tokens attended by request ``b`` (current included)."""
+    if page_size < 1 or num_kv_heads < 1 or topk_cap_pages < 1:
+        raise ValueError(f"page_size={page_size}, num_kv_heads={num_kv_heads}, topk_cap_pages={topk_cap_pages}: must be >= 1")
+    per_req = [
+        plan_request(s, int(length), int(p), page_size, topk_cap_pages)
+        for s, length, p in zip(schedules, lengths, prompt_lens)
+    ]
+    cols = list(zip(*per_req)) if per_req else [()] * 7
+    n_pages, count, sink, k, lo, hi = (np.asarray(c, dtype=np.int32) for c in cols[:6])
+    clamped = int(sum(cols[6]))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    row_count = np.repeat(count.astype(np.int64), num_kv_heads)
+    row_indptr = np.concatenate([[0], np.cumsum(row_count)]).astype(np.int32)
+    last = ((np.maximum(lengths, 1) - 1) % page_size + 1).astype(np.int32)
+    budget_tok = (count.astype(np.int64) - 1) * page_size + last.astype(np.int64)
+    return StepPlan(
+        num_kv_heads=num_kv_heads, n_pages=n_pages, count=count, sink=sink, k=k, cand_lo=lo, cand_hi=hi,
+        budget_tokens=budget_tok, row_indptr=row_indptr,
+        last_page_len=np.repeat(last, num_kv_heads), clamped=clamped,
+    )
+
+
+def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]]:
+    """Reference of what the GPU index writer produces, per row, as logical page numbers.
+
+    topk_pages: [B * Hkv, >= max k] candidate pages ordered best first.
+    """
+    out = []
+    for r in range(plan.batch_size * plan.num_kv_heads):
+        b = r // plan.num_kv_heads
+        cnt, s, k, n = int(plan.count[b]), int(plan.sink[b]), int(plan.k[b]), int(plan.n_pages[b])
+        out.append([t if t < s else int(topk_pages[r, t - s]) if t < s + k else n - (cnt - t) for t in range(cnt)])
+    return out
+
+
+def packed_layout(max_bs: int, num_kv_heads: int) -> dict[str, tuple[int, int]]:
+    """Offsets (start, length) in the flat int32 metadata buffer copied host -> device each step."""
+    layout, off = {}, 0
+    for name in REQUEST_FIELDS:
+        layout[name] = (off, max_bs)
+        off += max_bs
+    layout["row_indptr"] = (off, max_bs * num_kv_heads + 1)
+    off += max_bs * num_kv_heads + 1
+    layout["last_page_len"] = (off, max_bs * num_kv_heads)
+    off += max_bs * num_kv_heads
+    layout["_total"] = (0, off)
+    return layout
+
+
+def pack(plan: StepPlan, layout: dict[str, tuple[int, int]]) -> np.ndarray:
+    """Flat int32 host buffer in ``layout`` order; entries past the batch are zero."""
+    buf = np.zeros(layout["_total"][1], dtype=np.int32)
+    for name in REQUEST_FIELDS:
+        start, _ = layout[name]
+        buf[start:start + plan.batch_size] = getattr(plan, name)
+    start, _ = layout["row_indptr"]
+    buf[start:start + plan.row_indptr.shape[0]] = plan.row_indptr
+    start, _ = layout["last_page_len"]
+    buf[start:start + plan.last_page_len.shape[0]] = plan.last_page_len
+    return buf

@@ -1,0 +1,104 @@
+"""Per-request schedules on the scheduler side, indexed by SGLang's KV row (``req_pool_idx``).
+
+A hook on ``ReqToTokenPool.alloc`` calls ``ScheduleTable.assign`` for every request that gets a
+row; the attention backend reads the table once per decode step (host side, no device sync).
+Row 0 is SGLang's padding row (CUDA-graph dummy lanes point at it): it always holds ``dense``.
+The table also accumulates the KV budget each row used, for per-request reporting.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Mapping
+
+import numpy as np
+
+from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE, CUSTOM_PARAM_SCHEDULE_JSON
+from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dense_schedule, schedule_from_dict
+
+logger = logging.getLogger(__name__)
+
+
+def schedule_from_custom_params(
+    custom_params: Mapping[str, Any] | None, registry: ScheduleRegistry, default: Schedule
+) -> Schedule:
+    """The schedule a request asks for in ``sampling_params.custom_params``; ``default`` if none.
+
+    Accepts ``{"sparrow_schedule": "<name>[@version]"}`` or ``{"sparrow_schedule_json": "<json>"}``.
+    Raises ``ScheduleError`` / ``UnknownScheduleError`` on a bad value.
+    """
+    if not custom_params:
+        return default
+    text = custom_params.get(CUSTOM_PARAM_SCHEDULE_JSON)
+    if text is not None:
+        if not isinstance(text, str):
+            raise ScheduleError(CUSTOM_PARAM_SCHEDULE_JSON, text, "must be a JSON string")
+        return schedule_from_dict(json.loads(text))
+    name = custom_params.get(CUSTOM_PARAM_SCHEDULE)
+    if name is None:
+        return default
+    if not isinstance(name, str):
+        raise ScheduleError(CUSTOM_PARAM_SCHEDULE, name, "must be a schedule name")
+    return registry.get(name)
+
+
+class ScheduleTable:
+    """``req_pool_idx`` -> (schedule, prompt length), plus KV-budget accounting per row."""
+
+    def __init__(self, num_rows: int, default: Schedule | None = None):
+        if num_rows < 1:
+            raise ValueError(f"num_rows={num_rows}: must be >= 1 (row 0 is the padding row)")
+        self.default = default or dense_schedule()
+        self._schedules: list[Schedule] = [dense_schedule(), self.default]
+        self._slot_of: dict[Schedule, int] = {s: i for i, s in enumerate(self._schedules)}
+        self.schedule_slot = np.full(num_rows, 1, dtype=np.int32)
+        self.schedule_slot[0] = 0
+        self.prompt_len = np.zeros(num_rows, dtype=np.int64)
+        self.budget_token_sum = np.zeros(num_rows, dtype=np.int64)
+        self.steps = np.zeros(num_rows, dtype=np.int64)
+        self.clamped_steps = 0
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.schedule_slot.shape[0])
+
+    def _slot(self, schedule: Schedule) -> int:
+        slot = self._slot_of.get(schedule)
+        if slot is None:
+            slot = len(self._schedules)
+            self._schedules.append(schedule)
+            self._slot_of[schedule] = slot
+        return slot
+
+    def assign(self, row: int, schedule: Schedule, prompt_len: int) -> None:
+        """Give KV row ``row`` to a request; resets its budget accounting."""
+        if not 0 < row < self.num_rows:
+            raise ValueError(f"row={row}: must be in [1, {self.num_rows})")
+        self.schedule_slot[row] = self._slot(schedule)
+        self.prompt_len[row] = prompt_len
+        self.budget_token_sum[row] = 0
+        self.steps[row] = 0
+
+    def schedule_of(self, row: int) -> Schedule:
+        return self._schedules[int(self.schedule_slot[row])]
+
+    def record_step(self, rows: np.ndarray, budget_tokens: np.ndarray) -> None:
+        """Accumulate one decode step's attended tokens per row (padding row 0 included, harmless)."""
+        np.add.at(self.budget_token_sum, rows, budget_tokens)
+        np.add.at(self.steps, rows, 1)
+
+    def mean_budget_tokens(self, row: int) -> float | None:
+        steps = int(self.steps[row])
+        return None if steps == 0 else float(self.budget_token_sum[row]) / steps
+
+
+def resolve_request_schedule(req: Any, registry: ScheduleRegistry, default: Schedule) -> Schedule:
+    """Schedule of an SGLang ``Req``; a bad value falls back to ``default`` with a warning
+    (the HTTP edge validates; the scheduler must not die on one request)."""
+    params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    try:
+        return schedule_from_custom_params(params, registry, default)
+    except (ScheduleError, UnknownScheduleError, ValueError) as exc:
+        logger.warning("request %s: bad sparrow schedule (%s); using %s", getattr(req, "rid", "?"), exc, default.id)
+        return default

@@ -1,0 +1,123 @@
+"""One layer of the backend's sparse decode against the core reference (GPU, no SGLang server)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from sparrow_server.kernels import reference as R
+from sparrow_server.sparsity.selection import dense_decode_attention, sparse_decode_attention
+from sparrow_server.sparsity.schedule import dense_schedule
+
+pytestmark = pytest.mark.gpu
+
+PS = 16
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _landmarks(case, dtype):
+    from sparrow_server.kernels import sparse_decode as K
+
+    lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype, device="cuda")
+    slots = torch.arange(case.k_buf.shape[0], device="cuda")
+    K.update_landmarks(case.k_buf, slots, lm, PS, only_full=True)
+    return lm
+
+
+def _layer(case, plan, lm, topk_cap, pcap):
+    from _sparse_runner import SparseLayer
+
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    return SparseLayer(case, plan, lm, topk_cap, pcap, ws)
+
+
+def test_landmark_kernel_matches_reference():
+    from sparrow_server.kernels import sparse_decode as K
+    from _sparse_setup import make_case
+
+    case = make_case([300, 77], seed=1)
+    for only_full in (True, False):
+        locs = torch.randint(0, case.k_buf.shape[0], (200,), device="cuda")
+        got = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0, device="cuda")
+        want = got.clone()
+        K.update_landmarks(case.k_buf, locs, got, PS, only_full)
+        R.update_landmarks(case.k_buf, locs, want, PS, only_full)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
+def test_scores_and_indices_match_reference(lm_dtype):
+    from sparrow_server.kernels import sparse_decode as K
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    case = make_case([5000, 1200, 40, 3000], seed=2)
+    s = fixed_budget_schedule(32)
+    plan = plan_for(case, [s, s, s, dense_schedule()], topk_cap_pages=64)
+    lm = _landmarks(case, lm_dtype)
+    layer = _layer(case, plan, lm, 64, pcap=400)
+    got = layer.score()
+    f = {k: v.cpu() for k, v in layer.fields.items()}
+    want = R.page_scores(case.q.cpu(), lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
+                         f["cand_hi"], PS, 400)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+    top = layer.select()
+    layer.write(top)
+    want_idx = torch.full_like(layer.indices.cpu(), -1)
+    R.write_indices(top.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f, layer.row_indptr.cpu(), 8, PS, want_idx)
+    assert torch.equal(layer.indices.cpu(), want_idx)
+
+
+@pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
+def test_sparse_layer_equals_core_reference(lengths, budget):
+    """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    case = make_case(lengths, seed=3)
+    s = fixed_budget_schedule(budget)
+    plan = plan_for(case, [s] * len(lengths), topk_cap_pages=budget)
+    layer = _layer(case, plan, _landmarks(case, torch.float32), budget, pcap=math.ceil(max(lengths) / PS))
+    scale = 1 / math.sqrt(128)
+    out = layer(scale).view(len(lengths), -1, 128)
+    k, v = case.dense_kv()
+    budgets = torch.tensor([budget] * len(lengths))
+    ref, page_ids = sparse_decode_attention(case.q.float(), k.float(), v.float(), case.lengths.cuda(),
+                                            budgets.cuda(), PS, 1, 2, scale)
+    got_pages = layer.logical_pages()
+    want_pages = [set(int(p) for p in row if p >= 0) for row in page_ids.view(-1, page_ids.shape[-1]).tolist()]
+    assert got_pages == want_pages
+    assert _rel(out, ref) < 1e-2
+
+
+def test_bf16_landmarks_select_nearly_the_same_pages():
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    case = make_case([32768, 16384], seed=4)
+    s = fixed_budget_schedule(256)
+    plan = plan_for(case, [s, s], topk_cap_pages=256)
+    pages = []
+    for dtype in (torch.float32, torch.bfloat16):
+        layer = _layer(case, plan, _landmarks(case, dtype), 256, pcap=2048)
+        layer(1 / math.sqrt(128))
+        pages.append(layer.logical_pages())
+    overlap = sum(len(a & b) for a, b in zip(*pages)) / sum(len(a) for a in pages[0])
+    assert overlap > 0.95, overlap
+
+
+def test_budget_at_least_length_is_dense():
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    lengths = [1000, 517, 16, 1]
+    case = make_case(lengths, seed=5)
+    s = fixed_budget_schedule(64)  # 1024 tokens >= every length
+    plan = plan_for(case, [s, dense_schedule(), s, s], topk_cap_pages=64)
+    assert (plan.k == 0).all()
+    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), 64, pcap=64)
+    scale = 1 / math.sqrt(128)
+    out = layer(scale).view(len(lengths), -1, 128)
+    k, v = case.dense_kv()
+    ref = dense_decode_attention(case.q.float(), k.float(), v.float(), case.lengths.cuda(), scale)
+    assert _rel(out, ref) < 1e-2
