@@ -1,0 +1,81 @@
+"""``sparrow-server serve``: start the HTTP service."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 30000  # SGLang's default port, so SGLang clients work unchanged
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="start the rollout server",
+                              description="Serve /rollout, SGLang's /generate, schedules, health and metrics.")
+    p.add_argument("--engine", choices=None, default=None,
+                   help="reference | sglang (default: sglang on a CUDA machine with SGLang, else reference)")
+    p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--host", default=DEFAULT_HOST)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--default-schedule", default=DENSE_SCHEDULE_NAME, help="schedule of requests that name none")
+    p.add_argument("--state-dir", default=None, help="where registered schedules persist (default: user cache dir)")
+    p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help="load a PEFT LoRA adapter (repeatable)")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
+    p.add_argument("--kv-pool-tokens", type=int, default=None, help="KV cache capacity of the reference engine, in tokens")
+    p.add_argument("--max-batch-size", type=int, default=None, help="requests decoded together (reference engine)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (reference engine)")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def parse_adapters(values: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--adapter {value!r}: expected NAME=PATH")
+        out.append((name, path))
+    return tuple(out)
+
+
+def build_app(args: argparse.Namespace):
+    """The app ``serve`` runs (separate so tests and ``demo`` can build it in-process)."""
+    import torch
+
+    from sparrow_server.engine.factory import EngineOptions, build_engine, default_engine_name
+    from sparrow_server.server.app import create_app
+    from sparrow_server.server.state import StateDir, default_state_dir
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
+                            kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads)
+    state = StateDir(Path(args.state_dir) if args.state_dir else default_state_dir()).create()
+    schedules = ScheduleRegistry.load(persist_dir=state.schedules)
+    schedules.get(args.default_schedule)
+    engine_name = args.engine or default_engine_name()
+    built = build_engine(engine_name, options)
+    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer)
+    summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
+               f"state dir {state.root}")
+    return app, summary
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sparrow_server.sparsity.registry import UnknownScheduleError
+    from sparrow_server.sparsity.schedule import ScheduleError
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        app, summary = build_app(args)
+    except (ValueError, UnknownScheduleError, ScheduleError, OSError) as exc:
+        print(f"sparrow-server serve: {exc}", file=sys.stderr)
+        return 2
+    print(f"sparrow-server: serving on http://{args.host}:{args.port} ({summary})", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    return 0

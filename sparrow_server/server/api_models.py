@@ -1,0 +1,125 @@
+"""Pydantic models of the HTTP edge. Values are checked for type here; ranges are checked by the
+engine dataclasses they convert into (``SamplingParams``, ``GenerationRequest``), so every
+default and every bound is defined once, in ``sparrow_server.engine.base``."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sparrow_server.engine.base import (
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_MIN_P,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    InvalidRequestError,
+    SamplingParams,
+)
+
+MAX_N = 64
+SCHEDULE_CUSTOM_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
+# SGLang sampling keys accepted only at their neutral value (this engine does not implement them).
+NEUTRAL_SAMPLING = {
+    "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
+    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "logit_bias": None,
+}
+
+
+class SamplingParamsIn(BaseModel):
+    """SGLang's sampling keys (unknown keys are refused, as SGLang's HTTP contract does)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
+    top_k: int = DEFAULT_TOP_K
+    min_p: float = DEFAULT_MIN_P
+    seed: int | None = None
+    sampling_seed: int | None = None  # SGLang's name for the seed
+    stop_token_ids: list[int] | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    custom_params: dict[str, Any] | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def to_engine(self, sample_index: int = 0) -> SamplingParams:
+        """Engine params of sample ``sample_index`` (sample i of n uses seed + i)."""
+        for key, neutral in NEUTRAL_SAMPLING.items():
+            value = getattr(self, key)
+            if value != neutral:
+                raise InvalidRequestError(f"sampling_params.{key}", value, f"is not supported by this server (only {neutral!r})")
+        if self.stop:
+            raise InvalidRequestError("sampling_params.stop", self.stop, "stop strings are not supported; use stop_token_ids")
+        seed = self.seed if self.seed is not None else self.sampling_seed
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            min_p=self.min_p, seed=None if seed is None else seed + sample_index,
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+        )
+
+
+class RolloutIn(BaseModel):
+    """``POST /rollout`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_ids: list[int] | None = None
+    text: str | None = None
+    apply_chat_template: bool = False
+    sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
+    schedule: str | None = None
+    adapter: str | None = None
+    top_logprobs: int = 0
+    stream: bool = False
+    n: int = 1
+    rid: str | None = None
+    return_selected_pages: bool = False
+    verify: bool = False
+
+
+class GenerateIn(BaseModel):
+    """``POST /generate`` body: SGLang's ``GenerateReqInput`` (unknown top-level keys ignored, as SGLang does)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: str | None = None
+    input_ids: list[int] | None = None
+    sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
+    return_logprob: bool = False
+    logprob_start_len: int | None = None
+    top_logprobs_num: int = 0
+    lora_path: str | None = None
+    stream: bool = False
+    rid: str | None = None
+    return_text_in_logprobs: bool = False
+
+    def schedule_name(self) -> str | None:
+        params = self.sampling_params.custom_params or {}
+        value = params.get(SCHEDULE_CUSTOM_PARAM)
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequestError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM}", value, "must be a schedule name")
+        return value
+
+
+class AbortIn(BaseModel):
+    rid: str
+
+
+def check_n(n: int, field: str = "n") -> int:
+    if isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise InvalidRequestError(field, n, f"must be in [1, {MAX_N}]")
+    return n

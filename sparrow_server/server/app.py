@@ -1,0 +1,165 @@
+"""The FastAPI app: ``/rollout``, SGLang's ``/generate``, schedules, health, metrics.
+
+``create_app(engine, schedules=...)`` builds an app around any ``Engine``; the app starts the
+engine on startup and shuts it down on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from fastapi import Body, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from sparrow_server.engine.base import Engine
+from sparrow_server.server import formats
+from sparrow_server.server.api_models import AbortIn, GenerateIn, RolloutIn
+from sparrow_server.server.errors import error_response, install_error_handlers
+from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
+from sparrow_server.server.service import RolloutService
+from sparrow_server.sparsity.registry import ScheduleRegistry
+from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
+
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+
+
+def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
+               tokenizer: Any | None = None, metrics: ServiceMetrics | None = None) -> FastAPI:
+    schedules = schedules or ScheduleRegistry()
+    schedules.get(default_schedule)  # an unknown default fails at start, not per request
+    service = RolloutService(engine, schedules, metrics or ServiceMetrics(), default_schedule, tokenizer)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await engine.start()
+        try:
+            yield
+        finally:
+            await engine.shutdown()
+
+    app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan)
+    app.state.service = service
+    app.state.engine = engine
+    install_error_handlers(app)
+    _rollout_routes(app, service)
+    _generate_routes(app, service)
+    _schedule_routes(app, service)
+    _ops_routes(app, service)
+    return app
+
+
+def _wants_ndjson(request: Request) -> bool:
+    return NDJSON in request.headers.get("accept", "")
+
+
+def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
+    @app.post("/rollout")
+    async def rollout(body: RolloutIn, request: Request):
+        input_ids = service.encode(body.input_ids, body.text, body.apply_chat_template)
+        n = body.n if body.n != 1 else body.sampling_params.n
+        ro = service.prepare("rollout", input_ids, body.sampling_params, body.schedule, body.adapter, body.top_logprobs,
+                             n, body.rid, return_selected_pages=body.return_selected_pages, verify=body.verify)
+        with_text = service.tokenizer is not None
+        if body.stream:
+            encode, media = (formats.ndjson, NDJSON) if _wants_ndjson(request) else (formats.sse, SSE)
+
+            async def events():
+                async for sample, chunk, delta in service.stream(ro):
+                    yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
+
+            return StreamingResponse(events(), media_type=media)
+        samples = await service.collect(ro)
+        elapsed = time.monotonic() - ro.started
+        results = [formats.rollout_result(ro, s, elapsed, body.top_logprobs > 0, with_text) for s in samples]
+        return results[0] if n == 1 else {"rid": ro.rid, "n": n, "samples": results}
+
+
+def _generate_routes(app: FastAPI, service: RolloutService) -> None:
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(body: GenerateIn):
+        input_ids = service.encode(body.input_ids, body.text)
+        ro = service.prepare("generate", input_ids, body.sampling_params, body.schedule_name(), body.lora_path,
+                             body.top_logprobs_num, body.sampling_params.n, body.rid)
+        with_text = service.tokenizer is not None
+
+        def shape(sample) -> dict[str, Any]:
+            return formats.generate_response(ro, sample, time.monotonic() - ro.started, body.return_logprob,
+                                             body.top_logprobs_num, with_text)
+
+        if body.stream:
+            async def events():
+                async for sample, _, _ in service.stream(ro):
+                    yield formats.sse(shape(sample))
+                yield formats.SSE_DONE
+
+            return StreamingResponse(events(), media_type=SSE)
+        samples = await service.collect(ro)
+        return shape(samples[0]) if len(samples) == 1 else [shape(s) for s in samples]
+
+    @app.post("/abort_request")
+    async def abort_request(body: AbortIn):
+        return {"aborted": await service.engine.abort(body.rid)}
+
+
+def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
+    @app.get("/schedules")
+    async def list_schedules():
+        return {"default": service.default_schedule,
+                "schedules": [s.to_dict() for s in service.schedules.schedules()]}
+
+    @app.get("/schedules/{name}")
+    async def get_schedule(name: str):
+        return service.schedules.get(name).to_dict()
+
+    @app.put("/schedules/{name}")
+    async def put_schedule(name: str, body: Any = Body(...)):
+        if not isinstance(body, dict):
+            raise ScheduleError("<root>", type(body).__name__, "a schedule must be a JSON object")
+        data = {**body}
+        if data.setdefault("name", name) != name:
+            raise ScheduleError("name", data["name"], f"differs from the name in the path ({name!r})")
+        schedule = schedule_from_dict(data)
+        persist = service.schedules.persist_dir is not None
+        service.schedules.register(schedule, persist=persist, replace=True)
+        return schedule.to_dict()
+
+
+def _ops_routes(app: FastAPI, service: RolloutService) -> None:
+    engine = service.engine
+
+    @app.get("/health")
+    async def health():
+        h = engine.health()
+        body = {"status": "ok" if h.ok else "unavailable", "live_requests": h.live_requests,
+                "queued_requests": h.queued_requests, "free_pages": h.free_pages, "total_pages": h.total_pages,
+                "detail": h.detail}
+        return JSONResponse(body, status_code=200 if h.ok else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        service.metrics.set_engine_state(engine.health(), engine.info().weight_version)
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    @app.get("/server_info")
+    async def server_info():
+        info = engine.info()
+        return {**info.__dict__, "eos_token_ids": list(info.eos_token_ids), "default_schedule": service.default_schedule,
+                "adapters": list(engine.adapters()), "has_tokenizer": service.tokenizer is not None}
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        info = engine.info()
+        return {"model_path": info.model_name, "is_generation": True, "weight_version": info.weight_version}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": engine.info().weight_version}
+
+    @app.get("/adapters")
+    async def adapters():
+        return {"adapters": [{"name": n} for n in engine.adapters()]}
+
+
+__all__ = ["create_app", "error_response"]

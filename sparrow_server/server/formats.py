@@ -1,0 +1,102 @@
+"""JSON shapes of responses: ``/rollout`` events and results, and SGLang's ``/generate``."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sparrow_server.engine.base import GenerationChunk
+from sparrow_server.server.service import Rollout, SampleResult
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def ndjson(obj: Any) -> bytes:
+    return json.dumps(obj).encode() + b"\n"
+
+
+def rollout_meta(rollout: Rollout, sample: SampleResult, elapsed_s: float) -> dict[str, Any]:
+    return {
+        "rid": sample.rid,
+        "finish_reason": sample.finish.to_dict() if sample.finish else None,
+        "prompt_tokens": sample.prompt_tokens,
+        "completion_tokens": len(sample.token_ids),
+        "schedule": rollout.schedule.name,
+        "schedule_id": rollout.schedule.id,
+        "adapter": sample.adapter,
+        "kv_budget_tokens_mean": sample.kv_budget_tokens_mean,
+        "weight_version": sample.weight_version,
+        "e2e_latency": elapsed_s,
+    }
+
+
+def _top(values) -> list[list[Any]] | None:
+    return None if values is None else [[[lp, tok] for lp, tok in per_token] for per_token in values]
+
+
+def rollout_event(rollout: Rollout, sample: SampleResult, chunk: GenerationChunk, text_delta: str | None,
+                  elapsed_s: float) -> dict[str, Any]:
+    """One streamed event: the new tokens of one sample; the sample's last event has ``done`` and ``meta``."""
+    event: dict[str, Any] = {"index": sample.index, "rid": sample.rid, "token_ids": list(chunk.token_ids),
+                             "logprobs": list(chunk.logprobs), "kv_budget_tokens": list(chunk.kv_budget_tokens)}
+    if text_delta is not None:
+        event["text"] = text_delta
+    if chunk.top_logprobs is not None:
+        event["top_logprobs"] = _top(chunk.top_logprobs)
+    if chunk.selected_pages is not None:
+        event["selected_pages"] = _jsonable(chunk.selected_pages)
+    event["done"] = chunk.finish is not None
+    if chunk.finish is not None:
+        event["meta"] = rollout_meta(rollout, sample, elapsed_s)
+    return event
+
+
+def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, with_top: bool,
+                   with_text: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"index": sample.index, "rid": sample.rid, "token_ids": sample.token_ids,
+                           "logprobs": sample.logprobs, "kv_budget_tokens": sample.kv_budget_tokens}
+    if with_text:
+        out["text"] = sample.text
+    if with_top:
+        out["top_logprobs"] = _top(sample.top_logprobs)
+    if rollout.requests[0].return_selected_pages:
+        out["selected_pages"] = _jsonable(sample.selected_pages)
+    out["done"] = True
+    out["meta"] = rollout_meta(rollout, sample, elapsed_s)
+    return out
+
+
+def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, return_logprob: bool,
+                      top_logprobs_num: int, with_text: bool) -> dict[str, Any]:
+    """SGLang's ``/generate`` response (cumulative: everything generated so far)."""
+    meta: dict[str, Any] = {
+        "id": sample.rid,
+        "finish_reason": sample.finish.to_dict() if sample.finish else None,
+        "prompt_tokens": sample.prompt_tokens,
+        "completion_tokens": len(sample.token_ids),
+        "cached_tokens": 0,
+        "weight_version": sample.weight_version,
+        "e2e_latency": elapsed_s,
+        "sparrow": {"schedule": rollout.schedule.name, "adapter": sample.adapter,
+                    "kv_budget_tokens_mean": sample.kv_budget_tokens_mean},
+    }
+    if return_logprob:
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(sample.logprobs, sample.token_ids)]
+        meta["output_token_logprobs_length"] = len(sample.token_ids)
+        if top_logprobs_num:
+            meta["input_top_logprobs"] = []
+            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in per] for per in sample.top_logprobs]
+    out: dict[str, Any] = {"output_ids": list(sample.token_ids), "meta_info": meta}
+    if with_text:
+        out = {"text": sample.text, **out}
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value

@@ -1,0 +1,189 @@
+"""Service layer between the HTTP routes and the engine: resolves schedule, adapter and input,
+expands ``n`` into engine requests, merges their streams, accumulates results and records metrics.
+Engine-agnostic: it only uses the ``Engine`` interface."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Sequence
+
+from sparrow_server.engine.base import (
+    Engine,
+    FinishReason,
+    GenerationChunk,
+    GenerationRequest,
+    InvalidRequestError,
+)
+from sparrow_server.server.api_models import SamplingParamsIn, check_n
+from sparrow_server.server.metrics import ServiceMetrics
+from sparrow_server.sparsity.registry import ScheduleRegistry
+from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, Schedule
+
+FINISH_STATUS = {"stop": "ok", "length": "ok", "abort": "aborted", "error": "error"}
+
+
+@dataclass
+class SampleResult:
+    """Everything generated so far for one sample (``index`` of ``n``)."""
+
+    index: int
+    rid: str
+    prompt_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[Any] = field(default_factory=list)
+    kv_budget_tokens: list[int | None] = field(default_factory=list)
+    selected_pages: list[Any] = field(default_factory=list)
+    text: str = ""
+    finish: FinishReason | None = None
+    adapter: str | None = None
+    weight_version: str = ""
+    first_token_at: float | None = None
+
+    def add(self, chunk: GenerationChunk) -> None:
+        self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        if chunk.top_logprobs is not None:
+            self.top_logprobs.extend(chunk.top_logprobs)
+        self.kv_budget_tokens.extend(chunk.kv_budget_tokens)
+        if chunk.selected_pages is not None:
+            self.selected_pages.extend(chunk.selected_pages)
+        self.finish = chunk.finish or self.finish
+        self.adapter = chunk.adapter
+        self.weight_version = chunk.weight_version
+
+    @property
+    def kv_budget_tokens_mean(self) -> float | None:
+        values = [b for b in self.kv_budget_tokens if b is not None]
+        return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """A validated request, ready to stream: one engine request per sample."""
+
+    endpoint: str
+    rid: str
+    schedule: Schedule
+    requests: tuple[GenerationRequest, ...]
+    started: float
+
+
+class TextDecoder:
+    """Incremental detokenisation: text deltas that never split a multi-byte character."""
+
+    def __init__(self, tokenizer: Any | None):
+        self.tokenizer = tokenizer
+        self.emitted = ""
+
+    def delta(self, token_ids: Sequence[int]) -> str | None:
+        if self.tokenizer is None:
+            return None
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        out, self.emitted = text[len(self.emitted):], text
+        return out
+
+
+class RolloutService:
+    def __init__(self, engine: Engine, schedules: ScheduleRegistry, metrics: ServiceMetrics,
+                 default_schedule: str = DENSE_SCHEDULE_NAME, tokenizer: Any | None = None):
+        self.engine = engine
+        self.schedules = schedules
+        self.metrics = metrics
+        self.default_schedule = default_schedule
+        self.tokenizer = tokenizer
+
+    def resolve_schedule(self, name: str | None) -> Schedule:
+        """Raises ``UnknownScheduleError`` (404)."""
+        return self.schedules.get(name or self.default_schedule)
+
+    def encode(self, input_ids: list[int] | None, text: str | None, chat: bool = False) -> tuple[int, ...]:
+        if (input_ids is None) == (text is None):
+            raise InvalidRequestError("input_ids", input_ids, "give exactly one of input_ids and text")
+        if input_ids is not None:
+            return tuple(input_ids)
+        if self.tokenizer is None:
+            raise InvalidRequestError("text", text, "this server's model has no tokenizer; send input_ids")
+        if not text:
+            raise InvalidRequestError("text", text, "must not be empty")
+        if chat:
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+            return tuple(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return tuple(self.tokenizer(text)["input_ids"])
+
+    def prepare(self, endpoint: str, input_ids: tuple[int, ...], sampling: SamplingParamsIn, schedule_name: str | None,
+                adapter: str | None, top_logprobs: int, n: int, rid: str | None, **flags: Any) -> Rollout:
+        """Validate everything (raising the 4xx errors) before any streaming starts."""
+        schedule = self.resolve_schedule(schedule_name)
+        check_n(n)
+        rid = rid or uuid.uuid4().hex
+        requests = tuple(
+            GenerationRequest(rid=rid if n == 1 else f"{rid}-{i}", input_ids=input_ids, sampling=sampling.to_engine(i),
+                              schedule=schedule, adapter=adapter, top_logprobs=top_logprobs, **flags)
+            for i in range(n)
+        )
+        for request in requests:
+            self.engine.validate(request)
+        return Rollout(endpoint, rid, schedule, requests, time.monotonic())
+
+    async def stream(self, rollout: Rollout) -> AsyncIterator[tuple[SampleResult, GenerationChunk, str | None]]:
+        """Merged chunks of every sample: (accumulated sample, new chunk, text delta or None)."""
+        name = rollout.schedule.name
+        samples = [SampleResult(i, r.rid, len(r.input_ids)) for i, r in enumerate(rollout.requests)]
+        decoders = [TextDecoder(self.tokenizer) for _ in samples]
+        self.metrics.prompt_tokens.labels(name).inc(sum(s.prompt_tokens for s in samples))
+        try:
+            async for i, chunk in _merge([self.engine.submit(r) for r in rollout.requests]):
+                sample = samples[i]
+                if sample.first_token_at is None and chunk.token_ids:
+                    sample.first_token_at = time.monotonic()
+                    self.metrics.ttft.labels(rollout.endpoint).observe(sample.first_token_at - rollout.started)
+                sample.add(chunk)
+                delta = decoders[i].delta(sample.token_ids)
+                if delta is not None:
+                    sample.text += delta
+                self.metrics.observe_chunk(name, chunk)
+                yield sample, chunk, delta
+        finally:
+            elapsed = time.monotonic() - rollout.started
+            for sample in samples:
+                status = FINISH_STATUS.get(sample.finish.type, "error") if sample.finish else "aborted"
+                self.metrics.observe_finish(rollout.endpoint, name, status, elapsed)
+
+    async def collect(self, rollout: Rollout) -> list[SampleResult]:
+        samples: dict[int, SampleResult] = {}
+        async for sample, _, _ in self.stream(rollout):
+            samples[sample.index] = sample
+        return [samples[i] for i in sorted(samples)]
+
+
+async def _merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
+    """Interleave several chunk streams; closing this iterator cancels (so aborts) all of them."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[GenerationChunk]) -> None:
+        try:
+            async for chunk in stream:
+                queue.put_nowait((i, chunk))
+        except Exception as exc:  # delivered to the consumer, which re-raises it
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(tasks)
+    try:
+        while remaining:
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if item.finish is not None:
+                remaining -= 1
+            yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
