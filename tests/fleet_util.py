@@ -12,6 +12,7 @@ listed by ``GET /workers`` with ``url`` and ``is_healthy``; ``POST /workers {"ur
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import importlib.util
 import os
@@ -217,11 +218,12 @@ def running_router(worker_urls: list[str], log_dir: Path | None = None,
 # Stand-in worker: answers the router's probes and echoes what reached it.
 # ---------------------------------------------------------------------------------------------
 
-def spawn_standin_worker(log_dir: Path, port: int | None = None, unhealthy_for_s: float = 0.0) -> ManagedProcess:
+def spawn_standin_worker(log_dir: Path, port: int | None = None, unhealthy_for_s: float = 0.0,
+                         generate_delay_s: float = 0.0) -> ManagedProcess:
     """Start a stand-in worker process on loopback (on ``port`` if given, e.g. to restart one)."""
     port = port or free_port()
     cmd = [sys.executable, os.path.abspath(__file__), "standin", "--port", str(port),
-           "--unhealthy-for", str(unhealthy_for_s)]
+           "--unhealthy-for", str(unhealthy_for_s), "--generate-delay", str(generate_delay_s)]
     return _spawn(cmd, f"http://{LOOPBACK}:{port}", log_dir / f"standin-{port}-{time.monotonic_ns()}.log")
 
 
@@ -235,15 +237,16 @@ def wait_listening(worker: ManagedProcess, timeout_s: float = 20.0) -> None:
         raise RuntimeError(f"{exc}\n--- worker log ---\n{worker.log_tail()}") from exc
 
 
-def start_standin_worker(log_dir: Path, port: int | None = None, unhealthy_for_s: float = 0.0) -> ManagedProcess:
-    worker = spawn_standin_worker(log_dir, port, unhealthy_for_s)
+def start_standin_worker(log_dir: Path, port: int | None = None, unhealthy_for_s: float = 0.0,
+                         generate_delay_s: float = 0.0) -> ManagedProcess:
+    worker = spawn_standin_worker(log_dir, port, unhealthy_for_s, generate_delay_s)
     wait_listening(worker)
     return worker
 
 
-def start_standin_workers(log_dir: Path, count: int) -> list[ManagedProcess]:
+def start_standin_workers(log_dir: Path, count: int, generate_delay_s: float = 0.0) -> list[ManagedProcess]:
     """Start ``count`` stand-in workers in parallel and wait until all listen."""
-    workers = [spawn_standin_worker(log_dir) for _ in range(count)]
+    workers = [spawn_standin_worker(log_dir, generate_delay_s=generate_delay_s) for _ in range(count)]
     try:
         for worker in workers:
             wait_listening(worker)
@@ -254,12 +257,13 @@ def start_standin_workers(log_dir: Path, count: int) -> list[ManagedProcess]:
     return workers
 
 
-def standin_worker_app(name: str, unhealthy_for_s: float = 0.0) -> FastAPI:
+def standin_worker_app(name: str, unhealthy_for_s: float = 0.0, generate_delay_s: float = 0.0) -> FastAPI:
     """A FastAPI app with the endpoints an SGLang worker exposes to the router, plus ``/rollout``.
 
     ``GET /_seen`` returns every (method, path, rid) it served, so a test can tell which routes
     passed through the router and how often a request id arrived. ``/health`` answers 503 for the
-    first ``unhealthy_for_s`` seconds, as a server does while it loads its model.
+    first ``unhealthy_for_s`` seconds, as a server does while it loads its model; other routes
+    answer after ``generate_delay_s`` (requests in flight, as while decoding).
     """
     healthy_from = time.monotonic() + unhealthy_for_s
     app = FastAPI()
@@ -268,6 +272,7 @@ def standin_worker_app(name: str, unhealthy_for_s: float = 0.0) -> FastAPI:
 
     async def record(request: Request) -> dict:
         body = await request.body()
+        await asyncio.sleep(generate_delay_s)
         payload = _json_or_none(body)
         rid = payload.get("rid") if isinstance(payload, dict) else None
         seen.append({"method": request.method, "path": request.url.path, "rid": rid})
@@ -311,10 +316,11 @@ def _main(argv: list[str] | None = None) -> int:
     standin = sub.add_parser("standin", help="run a stand-in worker on loopback")
     standin.add_argument("--port", type=int, required=True)
     standin.add_argument("--unhealthy-for", type=float, default=0.0, help="answer /health with 503 for this many seconds")
+    standin.add_argument("--generate-delay", type=float, default=0.0, help="seconds each non-probe request takes")
     args = parser.parse_args(argv)
     import uvicorn
 
-    uvicorn.run(standin_worker_app(f"standin-{args.port}", args.unhealthy_for), host=LOOPBACK, port=args.port, log_level="warning")
+    uvicorn.run(standin_worker_app(f"standin-{args.port}", args.unhealthy_for, args.generate_delay), host=LOOPBACK, port=args.port, log_level="warning")
     return 0
 
 

@@ -15,6 +15,7 @@ import pytest
 from fleet_util import (
     ManagedProcess,
     Router,
+    RouterSettings,
     router_available,
     running_router,
     start_standin_worker,
@@ -130,3 +131,33 @@ def test_workers_added_and_removed_at_run_time(fleet, tmp_path: Path):
         assert _name(extra) not in _burst(router, "removed", 2 * N_WORKERS)
     finally:
         extra.stop()
+
+
+def test_cache_aware_keeps_a_prompts_samples_together(tmp_path: Path):
+    """n samples of one prompt share its prefix: under load, cache_aware sends them to one worker
+    while still spreading distinct prompts (stand-ins hold each request 0.3 s to create load)."""
+    import asyncio
+
+    workers = start_standin_workers(tmp_path, N_WORKERS, generate_delay_s=0.3)
+    prompts = [f"Problem {p}: {'qwertyuiop'[p % 10] * 40} {p * 7919} what is the answer?" for p in range(8)]
+    samples = 4
+
+    async def drive(url: str) -> list[tuple[int, str]]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            async def one(p: int, s: int) -> tuple[int, str]:
+                response = await client.post(f"{url}/generate", json={"text": prompts[p], "rid": f"ca-{p}-{s}"})
+                return p, response.json()["worker"]
+
+            return await asyncio.gather(*[one(p, s) for p in range(len(prompts)) for s in range(samples)])
+
+    try:
+        with running_router([w.url for w in workers], tmp_path, RouterSettings(policy="cache_aware")) as router:
+            served = asyncio.run(drive(router.url))
+    finally:
+        for worker in workers:
+            worker.stop()
+    by_prompt = collections.defaultdict(set)
+    for prompt, worker in served:
+        by_prompt[prompt].add(worker)
+    assert all(len(w) == 1 for w in by_prompt.values()), by_prompt
+    assert len(set().union(*by_prompt.values())) >= 2
