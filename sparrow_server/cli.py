@@ -8,6 +8,7 @@ import sys
 
 # Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
+    "demo",
     "serve",
     "rollout",
     "schedules",

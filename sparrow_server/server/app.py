@@ -5,6 +5,7 @@ engine on startup and shuts it down on exit.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import Any
@@ -22,6 +23,8 @@ from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
 
 NDJSON = "application/x-ndjson"
+DISCONNECT_POLL_S = 0.25
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show it
 SSE = "text/event-stream"
 
 
@@ -54,6 +57,19 @@ def _wants_ndjson(request: Request) -> bool:
     return NDJSON in request.headers.get("accept", "")
 
 
+async def _collect_unless_disconnected(service: RolloutService, ro, request: Request):
+    """Collect a non-streaming rollout; if the client goes away first, abort it (frees its pages) -> None."""
+    task = asyncio.create_task(service.collect(ro))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return None
+
+
 def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
     @app.post("/rollout")
     async def rollout(body: RolloutIn, request: Request):
@@ -70,7 +86,9 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
                     yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
 
             return StreamingResponse(events(), media_type=media)
-        samples = await service.collect(ro)
+        samples = await _collect_unless_disconnected(service, ro, request)
+        if samples is None:
+            return Response(status_code=CLIENT_CLOSED)
         elapsed = time.monotonic() - ro.started
         results = [formats.rollout_result(ro, s, elapsed, body.top_logprobs > 0, with_text) for s in samples]
         return results[0] if n == 1 else {"rid": ro.rid, "n": n, "samples": results}
@@ -78,7 +96,7 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
 
 def _generate_routes(app: FastAPI, service: RolloutService) -> None:
     @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: GenerateIn):
+    async def generate(body: GenerateIn, request: Request):
         input_ids = service.encode(body.input_ids, body.text)
         ro = service.prepare("generate", input_ids, body.sampling_params, body.schedule_name(), body.lora_path,
                              body.top_logprobs_num, body.sampling_params.n, body.rid)
@@ -95,7 +113,9 @@ def _generate_routes(app: FastAPI, service: RolloutService) -> None:
                 yield formats.SSE_DONE
 
             return StreamingResponse(events(), media_type=SSE)
-        samples = await service.collect(ro)
+        samples = await _collect_unless_disconnected(service, ro, request)
+        if samples is None:
+            return Response(status_code=CLIENT_CLOSED)
         return shape(samples[0]) if len(samples) == 1 else [shape(s) for s in samples]
 
     @app.post("/abort_request")
