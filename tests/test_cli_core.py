@@ -81,6 +81,9 @@ def test_cost_json(capsys):
     slower_memory = json.loads(capsys.readouterr().out)
     assert slower_memory["hardware"]["mem_bytes_per_s"] == 1e12
     assert slower_memory["predicted_speedup"] != out["predicted_speedup"]
+    assert main(args + ["--step-overhead-ms", "1.5"]) == 0
+    overhead = json.loads(capsys.readouterr().out)
+    assert overhead["hardware"]["step_overhead_s"] == 0.0015 and overhead["predicted_speedup"] < out["predicted_speedup"]
 
 
 def test_cost_text_config_path_and_errors(capsys, tmp_path):

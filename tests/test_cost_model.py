@@ -178,3 +178,15 @@ def test_paper_formulas():
     assert appendix_f_attention_term(Lin, Lout, 50) == 2 * 50 * Lout
     pc = paper_cost(MODEL_PRESETS["qwen3-1.7b"], HARDWARE_PRESETS["h200"], 2048, 200, 32_000, 8)
     assert pc.speedup > 1
+
+
+def test_step_overhead_adds_a_fixed_time_per_step():
+    model, s = MODEL_PRESETS["qwen3-1.7b"], ScheduleRegistry().get("qwen3-1.7b-0.86")
+    hw = HARDWARE_PRESETS["h100"]
+    base = rollout_estimate(model, s, 100, 5000, 8, hw, 32)
+    slow = rollout_estimate(model, s, 100, 5000, 8, hw.with_overrides(step_overhead_s=1e-3), 32)
+    assert slow.dense_decode_s == pytest.approx(base.dense_decode_s + 5000 * 1e-3 / 32)
+    assert slow.sparse_decode_s == pytest.approx(base.sparse_decode_s + 5000 * 1e-3 / 32)
+    assert 1 < slow.speedup < base.speedup
+    with pytest.raises(ValueError, match="step_overhead_s"):
+        Hardware("x", 1, 1, step_overhead_s=-1)

@@ -28,6 +28,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=DEFAULT_DECODE_BATCH, help="decode batch size")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the bf16 matmul ceiling (TFLOP/s)")
     p.add_argument("--hbm-tbps", type=float, default=None, help="override the memory bandwidth (TB/s)")
+    p.add_argument("--step-overhead-ms", type=float, default=None,
+                   help="fixed time added to every decode step (default 0: pure roofline; see docs/cost-model.md)")
     p.add_argument("--persist-dir", default=None, help="folder of registered schedules to resolve names from")
     p.add_argument("--json", action="store_true", help="print JSON (has predicted_speedup)")
     p.set_defaults(func=run)
@@ -53,6 +55,7 @@ def run(args) -> int:
         hardware = resolve_hardware(args.hardware).with_overrides(
             peak_flops=args.peak_tflops * 1e12 if args.peak_tflops else None,
             mem_bytes_per_s=args.hbm_tbps * 1e12 if args.hbm_tbps else None,
+            step_overhead_s=args.step_overhead_ms / 1e3 if args.step_overhead_ms is not None else None,
         )
         est = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware, args.batch)
     except (ModelShapeError, ScheduleError, UnknownScheduleError, ValueError) as exc:
@@ -66,7 +69,8 @@ def run(args) -> int:
                   "kv_heads": model.num_kv_heads, "gqa_ratio": model.gqa_ratio,
                   "kv_bytes_per_token": model.kv_bytes_per_token},
         "hardware": {"name": hardware.name, "peak_flops": hardware.peak_flops,
-                     "mem_bytes_per_s": hardware.mem_bytes_per_s, "source": hardware.source},
+                     "mem_bytes_per_s": hardware.mem_bytes_per_s, "step_overhead_s": hardware.step_overhead_s,
+                     "source": hardware.source},
         "schedule": schedule.id,
         "prompt_len": args.prompt_len, "gen_len": args.gen_len, "samples": args.samples, "batch": args.batch,
         "prefill_s": est.prefill_s,

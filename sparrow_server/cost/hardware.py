@@ -10,27 +10,30 @@ class Hardware:
     peak_flops: float  # dense bf16 matrix FLOP/s
     mem_bytes_per_s: float  # HBM bandwidth, bytes/s
     source: str = ""
+    # Fixed time added to every decode step (kernel launches, sampling, scheduling); 0 = pure roofline.
+    step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops", "mem_bytes_per_s"):
             value = getattr(self, field_name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"hardware field {field_name!r} = {value!r}: must be > 0")
+        if not (isinstance(self.step_overhead_s, (int, float)) and self.step_overhead_s >= 0):
+            raise ValueError(f"hardware field 'step_overhead_s' = {self.step_overhead_s!r}: must be >= 0")
 
     @property
     def ridge_flops_per_byte(self) -> float:
         """Arithmetic intensity above which a kernel is compute-bound."""
         return self.peak_flops / self.mem_bytes_per_s
 
-    def with_overrides(self, peak_flops: float | None = None, mem_bytes_per_s: float | None = None) -> "Hardware":
-        if peak_flops is None and mem_bytes_per_s is None:
+    def with_overrides(
+        self, peak_flops: float | None = None, mem_bytes_per_s: float | None = None, step_overhead_s: float | None = None
+    ) -> "Hardware":
+        given = {k: v for k, v in (("peak_flops", peak_flops), ("mem_bytes_per_s", mem_bytes_per_s),
+                                   ("step_overhead_s", step_overhead_s)) if v is not None}
+        if not given:
             return self
-        return replace(
-            self,
-            peak_flops=self.peak_flops if peak_flops is None else peak_flops,
-            mem_bytes_per_s=self.mem_bytes_per_s if mem_bytes_per_s is None else mem_bytes_per_s,
-            source=f"{self.source}; overridden",
-        )
+        return replace(self, **given, source=f"{self.source}; overridden: {', '.join(given)}")
 
 
 # Defaults are MEASURED on this project's lent hosts (recorded in the device library's KINDS.md, not
