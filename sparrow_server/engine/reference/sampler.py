@@ -30,20 +30,21 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 
 
 def truncated_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """Sampling distribution after temperature, top-k, top-p and min-p. logits: [V] fp32 -> [V]."""
+    """Sampling distribution after temperature, then top-k, top-p and min-p, each judged on the
+    untruncated probabilities (as SGLang's sampler does). logits: [V] fp32 -> [V] (sums to 1)."""
     probs = torch.softmax(logits / params.temperature, dim=-1)
-    if params.top_k > 0 and params.top_k < probs.numel():
-        kth = torch.topk(probs, params.top_k).values[-1]
-        probs = torch.where(probs >= kth, probs, torch.zeros_like(probs))
+    sorted_probs, order = torch.sort(probs, descending=True)
+    drop_sorted = torch.zeros_like(sorted_probs, dtype=torch.bool)
+    if params.top_k > 0:
+        drop_sorted |= torch.arange(probs.numel(), device=probs.device) >= params.top_k
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly above each token
-        drop = torch.zeros_like(probs, dtype=torch.bool)
-        drop[order] = before > params.top_p * sorted_probs.sum()
-        probs = probs.masked_fill(drop, 0.0)
+        drop_sorted |= (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) > params.top_p  # mass strictly above
     if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs / probs.sum()
+        drop_sorted |= sorted_probs < params.min_p * sorted_probs[0]
+    drop = torch.empty_like(drop_sorted)
+    drop[order] = drop_sorted
+    kept = probs.masked_fill(drop, 0.0)
+    return kept / kept.sum()
 
 
 def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator, top_logprobs: int) -> SampledToken:
