@@ -1,0 +1,71 @@
+"""In-process apps (FastAPI TestClient) and subprocess servers for the service tests."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class CharTokenizer:
+    """A toy tokenizer (one token per byte + 1; 0 is BOS) so text requests work on tiny models."""
+
+    def __call__(self, text: str):
+        return {"input_ids": [0] + [b % 120 + 1 for b in text.encode()]}
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return "".join(chr(96 + (i % 26)) for i in ids if i)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
+        return self("<user>" + messages[-1]["content"] + "<assistant>")["input_ids"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``sparrow-server serve`` in a subprocess on a free loopback port."""
+
+    def __init__(self, model_dir: Path, state_dir: Path, *extra: str, timeout_s: float = 120.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference", "--model", str(model_dir),
+               "--port", str(self.port), "--state-dir", str(state_dir), "--device", "cpu", "--threads", "1",
+               "--kv-pool-tokens", "8192", "--log-level", "warning", *extra]
+        self.log = open(state_dir.parent / f"server-{self.port}.log", "w")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
+        self._wait(timeout_s)
+
+    def _wait(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {Path(self.log.name).read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("server did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
