@@ -81,6 +81,18 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     return out
 
 
+def top_pages(scores: Tensor, k: int) -> Tensor:
+    """[rows, Pcap] scores -> [rows, k] int64 page numbers, best first.
+
+    Unsorted ``torch.topk`` then a sort of the k values only: rows whose own budget is below k
+    take a prefix, which must be their best pages. Measured on H100 (128 rows x 2048, k = 253):
+    25.8 us unsorted vs 38.0 us ``sorted=True``.
+    """
+    vals, idx = torch.topk(scores, k, dim=1, sorted=False)
+    order = torch.argsort(vals, dim=1, descending=True)
+    return torch.gather(idx, 1, order)
+
+
 @triton.jit
 def _index_kernel(topk_ptr, topk_stride, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, indptr_ptr, out_ptr,
                   r2t_stride, H: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):

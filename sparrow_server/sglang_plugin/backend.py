@@ -30,6 +30,8 @@ from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, StepPlan, pack
 
 logger = logging.getLogger(__name__)
 
+LOG_EVERY = 500  # decode steps between sparsity log lines
+
 
 @dataclass
 class _Step:
@@ -121,6 +123,13 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             lengths = fb.seq_lens[:bs].cpu().numpy()
         return rows, lengths.astype(np.int64)
 
+    def _log_step(self, plan: StepPlan, lengths: np.ndarray, real_bs: int) -> None:
+        """Every LOG_EVERY steps: attended vs total tokens per request (evidence of sparsity in the log)."""
+        self._steps = getattr(self, "_steps", 0) + 1
+        if self._steps % LOG_EVERY == 0 and real_bs > 0:
+            logger.info("sparrow step %d: batch %d, mean attended tokens/request/sparse layer %.0f of %.0f",
+                        self._steps, real_bs, plan.budget_tokens[:real_bs].mean(), lengths[:real_bs].mean())
+
     def _plan(self, fb, graph: bool, in_capture: bool) -> None:
         if not fb.forward_mode.is_decode_or_idle() or fb.batch_size == 0 or fb.forward_mode.is_idle():
             self.step = None
@@ -132,6 +141,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                          self.topk_cap)
         if not in_capture:
             self.table.record_step(rows, plan.budget_tokens)
+            self._log_step(plan, lengths, bs - int(getattr(fb, "num_padding", 0) or 0))
             if plan.clamped:
                 self.table.clamped_steps += plan.clamped
                 self._warn_once("clamp", f"sparrow: a budget exceeds the top-k cap of {self.topk_cap} pages; "
@@ -197,7 +207,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         rpi = forward_batch.req_pool_indices
         f = step.fields
         K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores)
-        top = torch.topk(step.scores, step.topk, dim=1, sorted=True).indices
+        top = K.top_pages(step.scores, step.topk)
         K.write_indices(top, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"], step.row_indptr,
                         self.num_kv_heads, self.page_size, step.max_count, step.indices)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))

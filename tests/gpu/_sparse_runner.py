@@ -41,7 +41,9 @@ class SparseLayer:
                              self.scores)
 
     def select(self):
-        return torch.topk(self.scores, self.topk, dim=1, sorted=self.sorted).indices
+        if self.sorted:
+            return K.top_pages(self.scores, self.topk)
+        return torch.topk(self.scores, self.topk, dim=1, sorted=False).indices
 
     def write(self, top):
         c, f = self.case, self.fields
