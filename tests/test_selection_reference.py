@@ -37,6 +37,7 @@ def _loop_selection(q, k, lengths, budgets, sink, recent):
     b, hq, d = q.shape
     hkv = k.shape[2]
     g = hq // hkv
+    q, k = q.double().tolist(), k.double().tolist()  # plain Python floats: a float64 reference
     out = []
     for r in range(b):
         L, budget = int(lengths[r]), int(budgets[r])
@@ -47,12 +48,12 @@ def _loop_selection(q, k, lengths, budgets, sink, recent):
                 rows.append(list(range(n)))
                 continue
             reserved = set(range(min(sink, n))) | set(range(n - recent, n))
-            qm = [sum(float(q[r, h * g + j, e]) for j in range(g)) / g for e in range(d)]
+            qm = [sum(q[r][h * g + j][e] for j in range(g)) / g for e in range(d)]
             scored = []
             for p in range(n):
                 if p in reserved:
                     continue
-                lm = [sum(float(k[r, p * PS + t, h, e]) for t in range(PS)) / PS for e in range(d)]
+                lm = [sum(k[r][p * PS + t][h][e] for t in range(PS)) / PS for e in range(d)]
                 scored.append((-sum(a * c for a, c in zip(qm, lm)), p))
             top = [p for _, p in sorted(scored)[: budget - len(reserved)]]
             rows.append(sorted(reserved | set(top)))

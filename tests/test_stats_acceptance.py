@@ -36,6 +36,7 @@ def test_exact_acceptance_matches_brute_force(temperature):
     sparse, dense = _pair()
     ref = _brute_acceptance(sparse, dense, temperature)
     assert torch.allclose(exact_acceptance(sparse, dense, temperature), ref, atol=1e-12)
+    assert torch.allclose(exact_acceptance(sparse, dense, temperature, chunk_tokens=5), ref, atol=1e-12)
     got32 = exact_acceptance(sparse.float(), dense.float(), temperature)
     assert got32.dtype == torch.float32
     assert torch.allclose(got32.double(), ref, atol=1e-5)
@@ -57,6 +58,9 @@ def test_exact_acceptance_rejects_bad_input():
         exact_acceptance(sparse, dense, 0.0)
     with pytest.raises(ValueError, match="dense_logits shape"):
         exact_acceptance(sparse, dense[:, :10])
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        exact_acceptance(sparse, dense, chunk_tokens=0)
+    assert exact_acceptance(sparse[:0], dense[:0]).shape == (0,)
 
 
 def _brute_topk_bound(s_ids, s_lp, d_ids, d_lp):

@@ -163,6 +163,7 @@ def is_sparse_at(schedule: Schedule, length: int, prompt_len: int = 0) -> bool:
 
 
 def dense_schedule() -> Schedule:
+    """The built-in ``dense`` schedule: no budgets, stock attention at every length."""
     return Schedule(name=DENSE_SCHEDULE_NAME, description="Stock dense attention at every length.")
 
 
@@ -219,6 +220,7 @@ def load_schedule(path: str | Path) -> Schedule:
 
 
 def parse_schedule_text(text: str, yaml_format: bool = False) -> Schedule:
+    """Parse and validate schedule JSON (or YAML) text. Raises ``ScheduleError``."""
     try:
         if yaml_format:
             import yaml

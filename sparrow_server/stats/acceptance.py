@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 DEFAULT_TEMPERATURE = 1.0
+DEFAULT_CHUNK_TOKENS = 256  # rows per chunk: 256 x 152K vocab x 4 B = 156 MB per temporary
 
 
 def _check_temperature(temperature: float) -> None:
@@ -24,22 +25,34 @@ def _acc_dtype(*tensors: Tensor) -> torch.dtype:
 
 
 def exact_acceptance(
-    sparse_logits: Tensor, dense_logits: Tensor, temperature: float = DEFAULT_TEMPERATURE
+    sparse_logits: Tensor,
+    dense_logits: Tensor,
+    temperature: float = DEFAULT_TEMPERATURE,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
 ) -> Tensor:
     """Exact acceptance from full logits. sparse_logits, dense_logits: [T, V] -> [T].
 
     Computed in float32 (float64 if either input is float64), in log space:
-    ``min(p, q) = exp(min(log p, log q))``. Result clamped to [0, 1].
+    ``min(p, q) = exp(min(log p, log q))``, ``chunk_tokens`` rows at a time (bounds the
+    temporaries at a large vocabulary). Result clamped to [0, 1].
     """
     _check_temperature(temperature)
-    if sparse_logits.shape != dense_logits.shape:
+    if sparse_logits.shape != dense_logits.shape or sparse_logits.dim() != 2:
         raise ValueError(
-            f"dense_logits shape {tuple(dense_logits.shape)} != sparse_logits shape {tuple(sparse_logits.shape)}"
+            f"dense_logits shape {tuple(dense_logits.shape)} and sparse_logits shape "
+            f"{tuple(sparse_logits.shape)} must be the same [T, V]"
         )
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens = {chunk_tokens!r}: must be >= 1")
     dtype = _acc_dtype(sparse_logits, dense_logits)
-    log_p = torch.log_softmax(sparse_logits.to(dtype) / temperature, dim=-1)
-    log_q = torch.log_softmax(dense_logits.to(dtype) / temperature, dim=-1)
-    return torch.minimum(log_p, log_q).exp().sum(dim=-1).clamp(0.0, 1.0)
+    out = []
+    for s, d in zip(sparse_logits.split(chunk_tokens), dense_logits.split(chunk_tokens)):
+        log_p = torch.log_softmax(s.to(dtype) / temperature, dim=-1)
+        log_q = torch.log_softmax(d.to(dtype) / temperature, dim=-1)
+        out.append(torch.minimum(log_p, log_q).exp().sum(dim=-1))
+    if not out:
+        return torch.zeros(0, dtype=dtype, device=sparse_logits.device)
+    return torch.cat(out).clamp(0.0, 1.0)
 
 
 def topk_acceptance_lower_bound(
