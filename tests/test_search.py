@@ -9,7 +9,10 @@ import pytest
 
 from sparrow_server.cost.model_shape import MODEL_PRESETS
 from sparrow_server.cost.roofline import predicted_speedup
-from sparrow_server.cost.search import BIN_INFEASIBLE, BIN_NO_DATA, BIN_OK, BIN_RAISED, search_schedule
+from sparrow_server.cost.search import (
+    BIN_INFEASIBLE, BIN_NO_DATA, BIN_OK, BIN_RAISED, search_schedule, tables_from_bin_quantiles,
+)
+from sparrow_server.stats.tail import binned_quantiles
 from sparrow_server.sparsity.schedule import ScheduleError
 
 BUDGETS = [512, 1024, 2048, 4096]
@@ -108,3 +111,22 @@ def test_raised_bin_must_meet_the_threshold_at_the_raised_budget():
     assert res.schedule.budgets_tokens == (1024, 2048)
     assert [b.status for b in res.bins] == [BIN_OK, BIN_RAISED]
     assert res.bins[1].cheapest_feasible == 512 and res.bins[1].statistic == 0.91
+
+
+def test_end_to_end_from_pooled_tokens():
+    # Synthetic calibration: acceptance improves with budget and degrades with length.
+    rng = np.random.default_rng(11)
+    per_budget = {}
+    for i, budget in enumerate(BUDGETS):
+        positions = rng.integers(0, 8000, 20_000)
+        spread = 0.02 + 0.04 * (positions / 8000) / (1 + i)
+        acceptance = np.clip(1 - rng.exponential(spread), 0, 1)
+        per_budget[budget] = binned_quantiles(acceptance, positions, n_boot=50, seed=i)
+    per_budget[512] = per_budget[512][:3]  # a budget measured on fewer bins
+    p5, lower = tables_from_bin_quantiles(per_budget)
+    assert len(p5[512]) == 4 and math.isnan(p5[512][3]) and math.isnan(lower[512][3])
+    res = search_schedule(p5, 0.86, "cal", lower_bounds=lower)
+    budgets = res.schedule.budgets_tokens
+    assert list(budgets) == sorted(budgets) and len(budgets) == 4
+    for choice in res.bins:
+        assert choice.statistic >= 0.86 or choice.status == BIN_INFEASIBLE

@@ -30,6 +30,7 @@ from sparrow_server.cost.hardware import Hardware
 from sparrow_server.cost.model_shape import ModelShape
 from sparrow_server.cost.roofline import DEFAULT_DECODE_BATCH, DEFAULT_SAMPLES, rollout_estimate
 from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.stats.tail import BinQuantile
 
 BIN_OK, BIN_RAISED, BIN_INFEASIBLE, BIN_NO_DATA = "ok", "raised", "infeasible", "no_data"
 
@@ -142,4 +143,18 @@ def search_schedule(
     return SearchResult(schedule, tuple(choices), speedup)
 
 
-__all__ = ["BinChoice", "SearchResult", "search_schedule", "BIN_OK", "BIN_RAISED", "BIN_INFEASIBLE", "BIN_NO_DATA"]
+def tables_from_bin_quantiles(
+    per_budget: Mapping[int, Sequence[BinQuantile]],
+) -> tuple[dict[int, list[float]], dict[int, list[float]]]:
+    """``{budget: binned_quantiles(...)}`` -> the ``(p5, lower_bounds)`` tables ``search_schedule``
+    takes, padded with NaN to the longest bin list."""
+    n_bins = max((len(rows) for rows in per_budget.values()), default=0)
+    p5, lower = {}, {}
+    for budget, rows in per_budget.items():
+        pad = [math.nan] * (n_bins - len(rows))
+        p5[budget] = [r.quantile for r in rows] + pad
+        lower[budget] = [r.ci_low for r in rows] + pad
+    return p5, lower
+
+
+__all__ = ["BinChoice", "tables_from_bin_quantiles", "SearchResult", "search_schedule", "BIN_OK", "BIN_RAISED", "BIN_INFEASIBLE", "BIN_NO_DATA"]
