@@ -457,3 +457,91 @@ def test_plugin_entry_point_is_declared():
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     assert "sparrow" in project["entry-points"]["sglang.srt.plugins"]
     assert project["scripts"]["sparrow-server"] == "sparrow_server.cli:main"
+
+
+# --------------------------------------------------------------------------- queries against a real Prometheus
+
+PROMETHEUS = shutil.which("prometheus")
+CONTRACT_ROW = re.compile(r"^\|\s*`(sparrow_[a-z0-9_]+)`\s*\|\s*(counter|gauge|histogram)\s*\|([^|]*)\|")
+GRAFANA_VARS = {"$__rate_interval": "5s", "$__range": "1m", "$instance": ".*", "$schedule": ".*"}
+
+
+def _contract_exporter():
+    """A registry with every sparrow metric of the contract (its labels), with two schedules'
+    worth of samples, as a server would export them."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    registry = CollectorRegistry()
+    rows = [CONTRACT_ROW.match(line.strip()) for line in (REPO_ROOT / "docs" / "metrics.md").read_text().splitlines()]
+    kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+    values = {"schedule": "qwen3-8b-0.86", "length_bin": "3", "endpoint": "generate", "status": "ok", "adapter": "",
+              "weight_version": "v1"}
+    metrics = []
+    for row in filter(None, rows):
+        name, kind, label_text = row.groups()
+        labels = re.findall(r"`([a-z_]+)`", label_text)
+        metric_name = name.removesuffix("_total") if kind == "counter" else name
+        metric = kinds[kind](metric_name, name, labels, registry=registry)
+        metrics.append((kind, metric.labels(*(values[l] for l in labels)) if labels else metric))
+    return registry, metrics
+
+
+def _feed(metrics) -> None:
+    import random
+
+    for kind, metric in metrics:
+        if kind == "counter":
+            metric.inc(random.randint(1, 5))
+        elif kind == "gauge":
+            metric.set(1)
+        else:
+            metric.observe(random.random())
+
+
+@pytest.mark.skipif(PROMETHEUS is None, reason="prometheus not on PATH (Debian: apt-get install prometheus)")
+def test_dashboard_queries_return_data_from_contract_metrics(tmp_path: Path):
+    """Every dashboard query parses in a real Prometheus, and each sparrow query returns series
+    when the contract's metrics (with the contract's labels) are scraped."""
+    import threading
+    import time
+
+    import httpx
+    from prometheus_client import start_http_server
+
+    from fleet_util import LOOPBACK, free_port, wait_until
+
+    registry, metrics = _contract_exporter()
+    exporter_port, prom_port = free_port(), free_port()
+    server, thread = start_http_server(exporter_port, addr=LOOPBACK, registry=registry)
+    config = {"global": {"scrape_interval": "500ms"},
+              "scrape_configs": [{"job_name": "sparrow", "static_configs": [{"targets": [f"{LOOPBACK}:{exporter_port}"]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address={LOOPBACK}:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    api = f"http://{LOOPBACK}:{prom_port}/api/v1"
+    stop = threading.Event()
+    feeder = threading.Thread(target=lambda: [(_feed(metrics), time.sleep(0.3)) for _ in iter(lambda: stop.is_set(), True)])
+    feeder.start()
+    try:
+        def enough_samples() -> bool:
+            result = httpx.get(f"{api}/query", params={"query": "count_over_time(up[1m])"}).json()["data"]["result"]
+            return bool(result) and float(result[0]["value"][1]) >= 3
+
+        wait_until(enough_samples, 30, "three scrapes of the contract exporter (Prometheus waits ~5 s before the first)", interval_s=0.25)
+        for expr in deploy_exprs()[str((DEPLOY_DIR / "grafana/dashboards/sparrow.json").relative_to(REPO_ROOT))]:
+            query = expr
+            for variable, value in GRAFANA_VARS.items():
+                query = query.replace(variable, value)
+            if query.startswith("label_values("):
+                continue  # a Grafana function, not PromQL
+            body = httpx.get(f"{api}/query", params={"query": query}).json()
+            assert body["status"] == "success", f"{expr}: {body}"
+            if "sparrow_" in expr:
+                assert body["data"]["result"], f"no series for {expr}"
+    finally:
+        stop.set()
+        feeder.join()
+        proc.terminate()
+        proc.wait(timeout=10)
+        server.shutdown()
