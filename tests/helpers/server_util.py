@@ -36,6 +36,7 @@ class ServerProcess:
     """``sparrow-server serve`` in a subprocess on a free loopback port."""
 
     def __init__(self, model_dir: Path, state_dir: Path, *extra: str, timeout_s: float = 120.0):
+        self.state_dir = state_dir
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference", "--model", str(model_dir),
@@ -61,6 +62,8 @@ class ServerProcess:
         raise RuntimeError("server did not become healthy")
 
     def stop(self) -> None:
+        if self.log.closed:
+            return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

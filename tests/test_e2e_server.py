@@ -1,0 +1,130 @@
+"""End to end: the real server in a subprocess on a free loopback port, serving a tiny random
+model (token ids only), driven over HTTP by the trainer client and by raw httpx."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+import torch
+
+from helpers.server_util import ServerProcess
+from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs
+from sparrow_server.client import AsyncSparrowClient, SparrowClient, SparrowError
+
+PROMPT = [(i * 5 + 2) % (TINY_VOCAB - 1) for i in range(90)]
+SPARSE = {"budgets_tokens": [64], "dense_layers": [0], "description": "e2e"}
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("e2e-model"))
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_plain(model_dir)
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    proc = ServerProcess(model_dir, tmp_path_factory.mktemp("e2e") / "state")
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with SparrowClient(server.url, timeout=60) as c:
+        yield c
+
+
+def test_dense_sse_equals_teacher_forced_hf(client, reference):
+    result, = client.stream_result(input_ids=PROMPT, schedule="dense",
+                                   sampling_params={"max_new_tokens": 30, "temperature": 1.0, "seed": 11, "ignore_eos": True})
+    assert len(result.token_ids) == 30 and result.meta.schedule == "dense"
+    expected = teacher_forced_logprobs(reference, PROMPT, result.token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(result.logprobs, expected)) < TOL
+
+
+def test_sparse_ndjson_equals_recomputation_under_same_selections(client, reference):
+    client.put_schedule("e2e-sparse", SPARSE)
+    result, = client.stream_result(input_ids=PROMPT, schedule="e2e-sparse", ndjson=True, return_selected_pages=True,
+                                   sampling_params={"max_new_tokens": 40, "temperature": 0.8, "seed": 2, "ignore_eos": True})
+    masked = teacher_forced_logprobs(reference, PROMPT, result.token_ids, 0.8, selections=result.selected_pages)
+    assert max(abs(a - b) for a, b in zip(result.logprobs, masked)) < TOL
+    dense = teacher_forced_logprobs(reference, PROMPT, result.token_ids, 0.8)
+    assert max(abs(a - b) for a, b in zip(result.logprobs, dense)) > 1e-3  # sparsity did change the distribution
+    assert result.meta.schedule == "e2e-sparse" and result.meta.kv_budget_tokens_mean == 64
+
+
+def test_generate_in_sglang_shape(server, reference):
+    body = {"input_ids": PROMPT, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}}
+    out = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    logprobs = [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+    expected = teacher_forced_logprobs(reference, PROMPT, out["output_ids"], 1.0)
+    assert max(abs(a - b) for a, b in zip(logprobs, expected)) < TOL
+    with httpx.stream("POST", f"{server.url}/generate", json={**body, "stream": True}, timeout=60) as r:
+        lines = [l for l in r.iter_lines() if l]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["output_ids"] == out["output_ids"]
+
+
+def test_disconnect_mid_stream_aborts_and_frees_pages(server):
+    before = httpx.get(f"{server.url}/health").json()
+    body = {"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.url}/rollout", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert json.loads(next(l for l in lines if l)[6:])["done"] is False
+        assert httpx.get(f"{server.url}/health").json()["live_requests"] == 1
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        health = httpx.get(f"{server.url}/health").json()
+        if health["live_requests"] == 0:
+            break
+        time.sleep(0.1)
+    assert health["live_requests"] == 0
+    assert health["free_pages"] == health["total_pages"] == before["total_pages"]
+    assert 'status="aborted"' in httpx.get(f"{server.url}/metrics").text
+
+
+def test_batch_helper_and_async_client(server):
+    requests = [dict(input_ids=PROMPT[: 20 + i], sampling_params={"max_new_tokens": 4, "temperature": 0}) for i in range(6)]
+    with SparrowClient(server.url) as c:
+        results = c.rollout_batch(requests, concurrency=3)
+    assert [r.meta.prompt_tokens for r in results] == [20 + i for i in range(6)]
+
+    async def main():
+        async with AsyncSparrowClient(server.url) as ac:
+            batch = await ac.rollout_batch(requests[:3], concurrency=2)
+            events = [e async for e in ac.stream(input_ids=PROMPT, sampling_params={"max_new_tokens": 3, "temperature": 0})]
+            return batch, events
+
+    import asyncio
+
+    batch, events = asyncio.run(main())
+    assert [r.token_ids for r in batch] == [r.token_ids for r in results[:3]]
+    assert events[-1].done and events[-1].meta.completion_tokens == 3
+    with pytest.raises(SparrowError) as e:
+        SparrowClient(server.url).rollout(input_ids=PROMPT, schedule="missing")
+    assert e.value.status == 404
+
+
+def test_schedules_survive_restart(server, model_dir):
+    """Runs last: restarts the module's server on the same state directory."""
+    assert httpx.put(f"{server.url}/schedules/kept", json=SPARSE).status_code == 200
+    server.stop()
+    second = ServerProcess(model_dir, server.state_dir, "--default-schedule", "kept")
+    try:
+        got = httpx.get(f"{second.url}/schedules/kept").json()
+        assert got["budgets_tokens"] == [64] and got["description"] == "e2e"
+        assert httpx.get(f"{second.url}/schedules/e2e-sparse").status_code == 200  # registered by an earlier test
+        out = httpx.post(f"{second.url}/rollout", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}).json()
+        assert out["meta"]["schedule"] == "kept"
+    finally:
+        second.stop()
