@@ -1,0 +1,80 @@
+"""Keep SGLang's weight-update endpoints consistent with the sparrow backend.
+
+SGLang flushes its caches through one method, ``Scheduler.flush_cache`` (``/flush_cache``, and
+after ``/update_weights_from_disk``, ``/update_weights_from_tensor``,
+``/update_weights_from_distributed`` and ``/update_weights_from_ipc`` when ``flush_cache`` is
+true): it resets the radix tree and the KV allocators, but knows nothing of the backend's
+landmark side cache. An AFTER hook on that method zeroes the landmarks of every sparrow backend
+of the scheduler's model runner, so after a flush the side cache is what a freshly started server
+has (all zeros) and no landmark computed with old weights can be scored again, whatever path
+(HiCache load-back, PD transfer) later fills a page without passing through the backend.
+
+The hook has to be registered before ``Scheduler.__init__`` (SGLang binds ``self.flush_cache``
+into ``SchedulerWeightUpdaterManager`` and ``SchedulerFlushWrapper`` there); hooks registered by
+the plug-in's ``register()`` are applied by ``load_plugins()`` at the start of
+``run_scheduler_process``, which is early enough. No SGLang import here (tested on CPU).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator
+
+logger = logging.getLogger(__name__)
+
+FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
+# Attributes of a model runner, and of wrapper backends (hybrid, TBO), that hold attention backends.
+RUNNER_BACKEND_ATTRS = ("attn_backend", "decode_attn_backend", "decode_attn_backend_group")
+NESTED_BACKEND_ATTRS = ("prefill_backend", "decode_backend", "full_attn_backend", "primary", "children")
+LANDMARKS_ATTR = "landmarks"  # SparrowAttnBackend.landmarks: {layer_id: [pages, Hkv, D] tensor}
+
+
+def _walk(obj: Any, seen: set[int]) -> Iterator[Any]:
+    if obj is None or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from _walk(item, seen)
+        return
+    if isinstance(getattr(obj, LANDMARKS_ATTR, None), dict):
+        yield obj
+    for name in NESTED_BACKEND_ATTRS:
+        yield from _walk(getattr(obj, name, None), seen)
+
+
+def sparrow_backends(model_runner: Any) -> list[Any]:
+    """Every attention backend of ``model_runner`` that has a landmark side cache (deduplicated)."""
+    seen: set[int] = set()
+    return [b for name in RUNNER_BACKEND_ATTRS for b in _walk(getattr(model_runner, name, None), seen)]
+
+
+def invalidate_landmarks(backend: Any) -> int:
+    """Zero the backend's landmarks in place (addresses kept: CUDA graphs stay valid) and drop its
+    step plan. Returns the number of layers zeroed."""
+    tables = getattr(backend, LANDMARKS_ATTR)
+    for tensor in tables.values():
+        tensor.zero_()
+    if hasattr(backend, "step"):
+        backend.step = None
+    return len(tables)
+
+
+def after_flush_cache(result: Any, scheduler: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``Scheduler.flush_cache``: invalidate landmarks when the flush happened
+    (``result`` True; a flush refused because requests are running leaves everything as is)."""
+    if not result:
+        return None
+    runners = [getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)]
+    draft = getattr(scheduler, "draft_worker", None)
+    runners.append(getattr(draft, "model_runner", None) if draft is not None else None)
+    layers = sum(invalidate_landmarks(b) for r in runners if r is not None for b in sparrow_backends(r))
+    logger.info("sparrow: cache flushed; landmarks of %d sparse layers invalidated", layers)
+    return None
+
+
+def install(hook_registry: Any, hook_type: Any) -> None:
+    """Register the flush hook (call from the plug-in's ``register()``, next to ``hooks.install``)."""
+    hook_registry.register(FLUSH_TARGET, after_flush_cache, hook_type.AFTER)
+
+
+__all__ = ["install", "after_flush_cache", "invalidate_landmarks", "sparrow_backends", "FLUSH_TARGET"]
