@@ -19,6 +19,7 @@ from sparrow_server.server.api_models import AbortIn, GenerateIn, RolloutIn
 from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.service import RolloutService
+from sparrow_server.server.weights import install_weight_routes
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
 
@@ -50,6 +51,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _generate_routes(app, service)
     _schedule_routes(app, service)
     _ops_routes(app, service)
+    install_weight_routes(app, engine)
     return app
 
 

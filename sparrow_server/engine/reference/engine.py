@@ -35,6 +35,7 @@ from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, sample_token
+from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
 from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, budget_tokens, dense_schedule
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class ReferenceEngine(Engine):
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.steps = 0
+        self.weight_sync = ReferenceWeightSync(self)  # weight updates, pause/continue; gates the loop
 
     # ----- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -207,7 +209,7 @@ class ReferenceEngine(Engine):
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._waiting or self._running or self._abort_rids or self._stopping):
+                while not (self._abort_rids or self._stopping or self.weight_sync.has_work()):
                     self._cond.wait()
                 if self._stopping and not self._live:
                     return
@@ -215,7 +217,7 @@ class ReferenceEngine(Engine):
             with self._step_lock:
                 self._apply_aborts(aborts)
                 self._admit()
-                if self._running:
+                if self._running and self.weight_sync.stepping:
                     self._guarded(self._running, self._decode_step)
 
     def _apply_aborts(self, rids: set[str]) -> None:
@@ -223,14 +225,18 @@ class ReferenceEngine(Engine):
             self._finish(seq, FinishReason("abort", message="aborted"), (), ())
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_batch_size:
+        while self._waiting and len(self._running) < self.max_batch_size and self.weight_sync.admitting:
             seq = self._waiting[0]
             if self.cache.free_pages - self._outstanding_reservations() < seq.reserved_pages:
                 return  # wait for pages (FIFO: no overtaking, so large requests are not starved)
             with self._cond:
                 self._waiting.popleft()
             self._running.append(seq)
-            self._guarded([seq], lambda seqs: self._prefill(seqs[0]))
+            if seq.output:  # retracted by a pause: recompute its KV; its tokens and weight version stay
+                self._guarded([seq], lambda seqs: self.weight_sync.resume_retracted(seqs[0]))
+            else:  # stamped at admission: a request queued across an update runs on the new weights
+                seq.weight_version = self.weight_version
+                self._guarded([seq], lambda seqs: self._prefill(seqs[0]))
 
     def _outstanding_reservations(self) -> int:
         return sum(s.reserved_pages - len(s.table.pages) for s in self._running)
