@@ -135,6 +135,15 @@ def test_registry_load_refuses_an_invalid_saved_file(tmp_path):
     with pytest.raises(ScheduleError, match="broken.json") as info:
         ScheduleRegistry.load(persist_dir=tmp_path)
     assert info.value.field == "budgets_tokens[1]"
+    (tmp_path / "broken.json").unlink()
+    (tmp_path / "other.json").write_text(json.dumps({"name": "renamed", "budgets_tokens": [512]}))
+    with pytest.raises(ScheduleError, match="other.json") as info:
+        ScheduleRegistry.load(persist_dir=tmp_path)
+    assert info.value.field == "name"
+    (tmp_path / "other.json").unlink()
+    (tmp_path / "dense.json").write_text(json.dumps({"name": "dense", "budgets_tokens": [512]}))
+    with pytest.raises(ScheduleError, match="built-in"):
+        ScheduleRegistry.load(persist_dir=tmp_path)
 
 
 def test_registry_is_thread_safe(tmp_path):

@@ -5,6 +5,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparrow_server.sparsity.selection import (
     batched_page_landmarks, dense_decode_attention, num_pages, page_landmarks, page_scores,
@@ -175,3 +177,23 @@ def test_budget_below_reserved_is_refused_for_sparse_rows():
     # a dense row (sequence no longer than the budget) is fine
     page_ids, counts = select_pages(torch.randn(1, 1, 8), torch.tensor([2]), torch.tensor([2]), 1, 2)
     assert page_ids.tolist() == [[[0, 1]]] and counts.tolist() == [2]
+
+
+@given(
+    lengths=st.lists(st.integers(1, 200), min_size=1, max_size=4),
+    budget_extra=st.lists(st.integers(0, 12), min_size=4, max_size=4),
+    sink=st.integers(0, 2),
+    recent=st.integers(1, 3),
+    gqa=st.sampled_from([1, 2, 4]),
+    seed=st.integers(0, 2**16),
+)
+@settings(max_examples=40, deadline=None)
+def test_select_pages_matches_loop_property(lengths, budget_extra, sink, recent, gqa, seed):
+    budgets = torch.tensor([sink + recent + e for e in budget_extra[: len(lengths)]])
+    q, k, v, lens = _batch(lengths, hq=2 * gqa, hkv=2, d=8, seed=seed, integer=True)
+    page_ids, counts = _select(q, k, lens, budgets, sink, recent)
+    got = [[[int(p) for p in row if p >= 0] for row in req] for req in page_ids.tolist()]
+    assert got == _loop_selection(q, k, lens, budgets, sink, recent)
+    out, _ = sparse_decode_attention(q, k, v, lens, budgets, PS, sink, recent, 8 ** -0.5)
+    ref = _loop_attention(q, k, v, lens, got, 8 ** -0.5)
+    assert torch.allclose(out, ref, atol=1e-10)

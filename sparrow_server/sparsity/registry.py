@@ -14,7 +14,8 @@ Usage (what the server does)::
   schedule under a taken user name needs ``replace=True``.
 - ``persist=True`` writes ``<persist_dir>/<name>.json`` atomically (temporary file, then rename);
   ``ScheduleRegistry.load(persist_dir=...)`` reads every ``*.json`` there back, refusing an
-  invalid file with a ``ScheduleError`` that names the file and the bad field.
+  invalid file (or one whose ``name`` is not its file name, or is a built-in) with a
+  ``ScheduleError`` that names the file and the bad field.
 - All methods are thread-safe.
 """
 from __future__ import annotations
@@ -91,9 +92,11 @@ class ScheduleRegistry:
         for path in sorted(registry._persist_dir.glob("*.json")):
             try:
                 schedule = load_schedule(path)
+                if schedule.name != path.stem:  # unregister() deletes <name>.json: keep them in step
+                    raise ScheduleError("name", schedule.name, f"does not match its file name {path.name}")
+                registry.register(schedule)
             except ScheduleError as exc:
                 raise ScheduleError(exc.field, exc.value, f"{exc.reason} (in {path})") from exc
-            registry.register(schedule)
         return registry
 
     @property
