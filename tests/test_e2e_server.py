@@ -115,6 +115,15 @@ def test_batch_helper_and_async_client(server):
     assert e.value.status == 404
 
 
+def test_rollout_command_prints_tokens_and_summary(server, capsys):
+    from sparrow_server.cli import main
+
+    rc = main(["rollout", "--url", server.url, "--input-ids", ",".join(map(str, PROMPT[:30])), "--max-new-tokens", "5",
+               "--temperature", "0"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "--- 5 tokens in" in out and "schedule dense" in out
+
+
 def test_schedules_survive_restart(server, model_dir):
     """Runs last: restarts the module's server on the same state directory."""
     assert httpx.put(f"{server.url}/schedules/kept", json=SPARSE).status_code == 200
