@@ -148,7 +148,8 @@ class Server:
 
 
 def generate(base: str, input_ids: list[list[int]], max_new_tokens: int, schedule: str | list | None = None,
-             temperature: float = 0.0, ignore_eos: bool = True, timeout: float = 900) -> list[dict]:
+             temperature: float = 0.0, ignore_eos: bool = True, timeout: float = 900,
+             return_logprob: bool = False) -> list[dict]:
     """One batched /generate call; ``schedule`` (one name or one per prompt) goes in custom_params."""
     schedules = schedule if isinstance(schedule, list) else [schedule] * len(input_ids)
     params = []
@@ -157,7 +158,7 @@ def generate(base: str, input_ids: list[list[int]], max_new_tokens: int, schedul
         if s is not None:
             sp["custom_params"] = {"sparrow_schedule": s}
         params.append(sp)
-    payload = {"input_ids": input_ids, "sampling_params": params}
+    payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": return_logprob}
     req = urllib.request.Request(base + "/generate", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from sparrow_server.kernels import reference as R
-from sparrow_server.sglang_plugin.config import PluginConfig, PluginConfigError
+from sparrow_server.sglang_plugin.config import DEFAULT_TOPK_CAP_TOKENS, PluginConfig, PluginConfigError
 from sparrow_server.sglang_plugin.planning import (
     REQUEST_FIELDS, logical_page_lists, pack, packed_layout, plan_request, plan_step,
 )
@@ -151,7 +151,7 @@ def test_schedule_from_custom_params():
 
 
 def test_plugin_config_from_env():
-    assert PluginConfig.from_env({}).topk_cap_tokens == 4096
+    assert PluginConfig.from_env({}).topk_cap_tokens == DEFAULT_TOPK_CAP_TOKENS
     cfg = PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "8192", "SPARROW_DEFAULT_SCHEDULE": "qwen3-1.7b-0.86"})
     assert cfg.topk_cap_tokens == 8192 and cfg.default_schedule == "qwen3-1.7b-0.86"
     with pytest.raises(PluginConfigError, match="SPARROW_TOPK_CAP_TOKENS"):

@@ -207,9 +207,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         rpi = forward_batch.req_pool_indices
         f = step.fields
         K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores)
-        top = K.top_pages(step.scores, step.topk)
-        K.write_indices(top, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"], step.row_indptr,
-                        self.num_kv_heads, self.page_size, step.max_count, step.indices)
+        K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
+                           step.row_indptr, self.num_kv_heads, self.page_size, step.indices)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
         o = step.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
                                  logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,

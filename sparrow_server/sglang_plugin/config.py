@@ -18,9 +18,10 @@ ENV_TOPK_CAP_TOKENS = "SPARROW_TOPK_CAP_TOKENS"
 ENV_LANDMARK_DTYPE = "SPARROW_LANDMARK_DTYPE"
 
 DEFAULT_SCHEDULE = "dense"
-# Largest top-k (in tokens, reserved pages excluded) one decode step may select per row. Static
-# because CUDA graphs need a fixed top-k width; budgets above it are clamped (and counted).
-DEFAULT_TOPK_CAP_TOKENS = 4096
+# Largest top-k (in tokens, reserved pages excluded) one decode step may select per row; budgets
+# above it are clamped (and counted). The fused select kernel has no static width, so by default
+# there is no cap beyond the context length.
+DEFAULT_TOPK_CAP_TOKENS = 1 << 20
 DEFAULT_LANDMARK_DTYPE = "bfloat16"
 LANDMARK_DTYPES = ("bfloat16", "float32")
 

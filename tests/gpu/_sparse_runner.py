@@ -50,9 +50,14 @@ class SparseLayer:
         K.write_indices(top, c.req_to_token, c.rpi, f["n_pages"], f["count"], f["sink"], f["k"], self.row_indptr,
                         self.h, c.page_size, self.max_count, self.indices)
 
+    def select_write(self):
+        c, f = self.case, self.fields
+        K.select_and_write(self.scores, c.req_to_token, c.rpi, f["n_pages"], f["count"], f["sink"], f["k"],
+                           self.row_indptr, self.h, c.page_size, self.indices)
+
     def __call__(self, scale: float):
         self.score()
-        self.write(self.select())
+        self.select_write()
         return self.wrapper.forward(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, sm_scale=scale)
 
     def logical_pages(self) -> list[set[int]]:

@@ -69,6 +69,11 @@ def test_scores_and_indices_match_reference(lm_dtype):
     want_idx = torch.full_like(layer.indices.cpu(), -1)
     R.write_indices(top.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f, layer.row_indptr.cpu(), 8, PS, want_idx)
     assert torch.equal(layer.indices.cpu(), want_idx)
+    layer.indices.fill_(-1)
+    layer.select_write()  # fused radix select: same pages per row, the top-k segment in page order
+    for r in range(plan.batch_size * 8):
+        a, b = int(plan.row_indptr[r]), int(plan.row_indptr[r + 1])
+        assert sorted(layer.indices[a:b].tolist()) == sorted(want_idx[a:b].tolist())
 
 
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
