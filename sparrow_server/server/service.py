@@ -137,6 +137,8 @@ class RolloutService:
         samples = [SampleResult(i, r.rid, len(r.input_ids)) for i, r in enumerate(rollout.requests)]
         decoders = [TextDecoder(self.tokenizer) for _ in samples]
         self.metrics.prompt_tokens.labels(name).inc(sum(s.prompt_tokens for s in samples))
+        inflight = self.metrics.adapter_inflight.labels(rollout.requests[0].adapter or "")
+        inflight.inc(len(samples))
         try:
             async for i, chunk in _merge([self.engine.submit(r) for r in rollout.requests]):
                 sample = samples[i]
@@ -150,6 +152,7 @@ class RolloutService:
                 self.metrics.observe_chunk(name, chunk)
                 yield sample, chunk, delta
         finally:
+            inflight.dec(len(samples))
             elapsed = time.monotonic() - rollout.started
             for sample in samples:
                 status = FINISH_STATUS.get(sample.finish.type, "error") if sample.finish else "aborted"
