@@ -10,15 +10,26 @@ import contextlib
 import time
 from typing import Any
 
-from fastapi import Body, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi import Body, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
 
 from sparrow_server.engine.base import Engine
 from sparrow_server.server import formats
+from sparrow_server.server.admission import (
+    GuardedStreamingResponse,
+    admission_of,
+    client_key,
+    guarded_call,
+    guarded_stream,
+    install_admission,
+)
 from sparrow_server.server.api_models import AbortIn, GenerateIn, RolloutIn
 from sparrow_server.server.errors import error_response, install_error_handlers
+from sparrow_server.server.limits import Limits, check_rollout_limits, install_limits
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
+from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
+from sparrow_server.server.shutdown import install_shutdown
 from sparrow_server.server.weights import install_weight_routes
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
@@ -30,7 +41,8 @@ SSE = "text/event-stream"
 
 
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
-               tokenizer: Any | None = None, metrics: ServiceMetrics | None = None) -> FastAPI:
+               tokenizer: Any | None = None, metrics: ServiceMetrics | None = None,
+               security: SecurityConfig | None = None, limits: Limits | None = None) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
     service = RolloutService(engine, schedules, metrics or ServiceMetrics(), default_schedule, tokenizer)
@@ -47,12 +59,27 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     app.state.service = service
     app.state.engine = engine
     install_error_handlers(app)
+    _hardening(app, service, security, limits or Limits())
     _rollout_routes(app, service)
     _generate_routes(app, service)
     _schedule_routes(app, service)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
     return app
+
+
+def _hardening(app: FastAPI, service: RolloutService, security: SecurityConfig | None, limits: Limits) -> None:
+    """Auth config, body-size limit, admission (slots, queue, timeouts) and graceful drain."""
+    install_security(app, security)
+    install_limits(app, limits)
+    admission = install_admission(app, limits, service.metrics.registry)
+    install_shutdown(app, admission, limits.retry_after_s)
+
+
+async def _admit(request: Request, ro):
+    """Check the configured request limits (422), then take a slot (429 / 503)."""
+    check_rollout_limits(request.app.state.limits, ro)
+    return await admission_of(request).acquire(client_key(request))
 
 
 def _wants_ndjson(request: Request) -> bool:
@@ -73,12 +100,13 @@ async def _collect_unless_disconnected(service: RolloutService, ro, request: Req
 
 
 def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
-    @app.post("/rollout")
+    @app.post("/rollout", dependencies=[Depends(require_rollout_auth)])
     async def rollout(body: RolloutIn, request: Request):
         input_ids = service.encode(body.input_ids, body.text, body.apply_chat_template)
         n = body.n if body.n != 1 else body.sampling_params.n
         ro = service.prepare("rollout", input_ids, body.sampling_params, body.schedule, body.adapter, body.top_logprobs,
                              n, body.rid, return_selected_pages=body.return_selected_pages, verify=body.verify)
+        slot = await _admit(request, ro)
         with_text = service.tokenizer is not None
         if body.stream:
             encode, media = (formats.ndjson, NDJSON) if _wants_ndjson(request) else (formats.sse, SSE)
@@ -87,8 +115,12 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
                 async for sample, chunk, delta in service.stream(ro):
                     yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
 
-            return StreamingResponse(events(), media_type=media)
-        samples = await _collect_unless_disconnected(service, ro, request)
+            def error_event(error: dict[str, Any]) -> bytes:
+                return encode({"rid": ro.rid, "error": error, "done": True})
+
+            body_iter = guarded_stream(admission_of(request), slot, events(), error_event)
+            return GuardedStreamingResponse(body_iter, media_type=media)
+        samples = await guarded_call(admission_of(request), slot, _collect_unless_disconnected(service, ro, request))
         if samples is None:
             return Response(status_code=CLIENT_CLOSED)
         elapsed = time.monotonic() - ro.started
@@ -97,11 +129,12 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
 
 
 def _generate_routes(app: FastAPI, service: RolloutService) -> None:
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route("/generate", methods=["POST", "PUT"], dependencies=[Depends(require_rollout_auth)])
     async def generate(body: GenerateIn, request: Request):
         input_ids = service.encode(body.input_ids, body.text)
         ro = service.prepare("generate", input_ids, body.sampling_params, body.schedule_name(), body.lora_path,
                              body.top_logprobs_num, body.sampling_params.n, body.rid)
+        slot = await _admit(request, ro)
         with_text = service.tokenizer is not None
 
         def shape(sample) -> dict[str, Any]:
@@ -114,13 +147,17 @@ def _generate_routes(app: FastAPI, service: RolloutService) -> None:
                     yield formats.sse(shape(sample))
                 yield formats.SSE_DONE
 
-            return StreamingResponse(events(), media_type=SSE)
-        samples = await _collect_unless_disconnected(service, ro, request)
+            def error_event(error: dict[str, Any]) -> bytes:
+                return formats.sse({"error": error, "done": True}) + formats.SSE_DONE
+
+            body_iter = guarded_stream(admission_of(request), slot, events(), error_event)
+            return GuardedStreamingResponse(body_iter, media_type=SSE)
+        samples = await guarded_call(admission_of(request), slot, _collect_unless_disconnected(service, ro, request))
         if samples is None:
             return Response(status_code=CLIENT_CLOSED)
         return shape(samples[0]) if len(samples) == 1 else [shape(s) for s in samples]
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", dependencies=[Depends(require_rollout_auth)])
     async def abort_request(body: AbortIn):
         return {"aborted": await service.engine.abort(body.rid)}
 
@@ -135,7 +172,7 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
     async def get_schedule(name: str):
         return service.schedules.get(name).to_dict()
 
-    @app.put("/schedules/{name}")
+    @app.put("/schedules/{name}", dependencies=[Depends(require_admin)])
     async def put_schedule(name: str, body: Any = Body(...)):
         if not isinstance(body, dict):
             raise ScheduleError("<root>", type(body).__name__, "a schedule must be a JSON object")
