@@ -215,6 +215,36 @@ def running_router(worker_urls: list[str], log_dir: Path | None = None,
 
 
 # ---------------------------------------------------------------------------------------------
+# Real sparrow servers (reference engine) as workers.
+# ---------------------------------------------------------------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn_sparrow_server(log_dir: Path, port: int | None = None, extra_args: tuple[str, ...] = ()) -> ManagedProcess:
+    """Start ``sparrow-server serve --engine reference`` on loopback (embedded model unless
+    ``extra_args`` names ``--model``); returns at once, see ``wait_server_healthy``."""
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference",
+           "--host", LOOPBACK, "--port", str(port), *extra_args]
+    log_path = log_dir / f"sparrow-{port}-{time.monotonic_ns()}.log"
+    log = open(log_path, "wb")
+    popen = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO_ROOT)
+    log.close()
+    return ManagedProcess(popen=popen, url=f"http://{LOOPBACK}:{port}", log_path=log_path)
+
+
+def wait_server_healthy(server: ManagedProcess, timeout_s: float = 240.0) -> None:
+    """Wait for ``/health`` 200 (the model loads first: ~30 s for the embedded one on 2 cores)."""
+    try:
+        wait_until(lambda: server.alive() and httpx.get(f"{server.url}/health", timeout=5).status_code == 200,
+                   timeout_s, f"sparrow server at {server.url}", interval_s=0.5)
+    except TimeoutError as exc:
+        server.stop()
+        raise RuntimeError(f"{exc}\n--- server log ---\n{server.log_tail()}") from exc
+
+
+# ---------------------------------------------------------------------------------------------
 # Stand-in worker: answers the router's probes and echoes what reached it.
 # ---------------------------------------------------------------------------------------------
 
