@@ -6,6 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
+from sparrow_server.commands.serve_security import add_security_arguments, limits_from_args, security_from_args
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME
 
 DEFAULT_HOST = "127.0.0.1"
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch-size", type=int, default=None, help="requests decoded together (reference engine)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (reference engine)")
     p.add_argument("--log-level", default="info")
+    add_security_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -50,6 +52,8 @@ def build_app(args: argparse.Namespace):
     from sparrow_server.server.state import StateDir, default_state_dir
     from sparrow_server.sparsity.registry import ScheduleRegistry
 
+    security, security_summary = security_from_args(args)
+    limits = limits_from_args(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
                             kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads)
@@ -58,24 +62,24 @@ def build_app(args: argparse.Namespace):
     schedules.get(args.default_schedule)
     engine_name = args.engine or default_engine_name()
     built = build_engine(engine_name, options)
-    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer)
+    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer, security=security, limits=limits)
     summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
-               f"state dir {state.root}")
+               f"state dir {state.root}; {security_summary}")
     return app, summary
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from sparrow_server.server.shutdown import make_server
     from sparrow_server.sparsity.registry import UnknownScheduleError
     from sparrow_server.sparsity.schedule import ScheduleError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        security_from_args(args)  # refuse a bad bind before loading the model
         app, summary = build_app(args)
     except (ValueError, UnknownScheduleError, ScheduleError, OSError) as exc:
         print(f"sparrow-server serve: {exc}", file=sys.stderr)
         return 2
     print(f"sparrow-server: serving on http://{args.host}:{args.port} ({summary})", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+    make_server(app, args.host, args.port, args.log_level.lower(), app.state.limits.drain_timeout_s).run()
     return 0
