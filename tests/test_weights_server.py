@@ -1,0 +1,188 @@
+"""Weight updates on a live reference server (subprocess), driven over HTTP and by the fleet
+client helpers: an update while rollouts stream lets them finish on the old weights (their meta
+says so); the first rollout after it equals, token for token under greedy decoding (and page for
+page under a sparse schedule), a fresh server started on the new weights; bad paths and other
+architectures answer 400 and the old weights keep serving; pause/continue over HTTP."""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from helpers.server_util import ServerProcess
+from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from sparrow_server.client import SparrowClient
+from sparrow_server.client.weights import FleetError, pause, resume, update_weights
+from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION
+from sparrow_server.engine.reference import ReferenceEngine
+from sparrow_server.server.app import create_app
+from sparrow_server.server.security import SecurityConfig, install_security
+
+PROMPT = [(i * 7 + 3) % (TINY_VOCAB - 1) for i in range(100)]  # 7 pages
+GREEDY = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 8"}
+TOL = 1e-4
+IN_FLIGHT_TOKENS = 120  # long enough to be still generating when the update has loaded the new weights
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("weights-server")
+    return {"a": save_tiny_model(root / "a", seed=0), "b": save_tiny_model(root / "b", seed=1),
+            "wider": save_tiny_model(root / "wider", seed=0, intermediate_size=96), "root": root}
+
+
+class InProcessServer:
+    """A fresh server in this process (the same app and engine, through ``TestClient``; cheaper
+    than a second interpreter on a loaded CPU), one torch thread like ``ServerProcess``."""
+
+    def __init__(self, model_dir):
+        self.previous_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        engine = ReferenceEngine(load_plain(model_dir, "sdpa"), None, model_dir.name, kv_pool_tokens=8192)
+        self.http = TestClient(create_app(engine)).__enter__()
+        self.url = str(self.http.base_url)
+
+    def stop(self) -> None:
+        self.http.__exit__(None, None, None)
+        torch.set_num_threads(self.previous_threads)
+
+
+@pytest.fixture(scope="module")
+def servers(ckpt):
+    """A live server on the old weights (updated by the tests) and a fresh one on the new weights."""
+    updated = ServerProcess(ckpt["a"], ckpt["root"] / "state-a")
+    fresh = InProcessServer(ckpt["b"])
+    try:
+        httpx.put(f"{updated.url}/schedules/w8-sparse", json=SPARSE, timeout=30).raise_for_status()
+        fresh.http.put("/schedules/w8-sparse", json=SPARSE).raise_for_status()
+        yield updated, fresh
+    finally:
+        updated.stop()
+        fresh.stop()
+
+
+class StreamInThread:
+    """A streamed greedy rollout consumed on a thread; ``started`` is set at its first event."""
+
+    def __init__(self, url: str, max_new_tokens: int = GREEDY["max_new_tokens"]):
+        self.started = threading.Event()
+        self.events = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(url, max_new_tokens), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, max_new_tokens: int) -> None:
+        try:
+            with SparrowClient(url, timeout=120) as client:
+                for event in client.stream(input_ids=PROMPT, schedule="dense",
+                                           sampling_params={**GREEDY, "max_new_tokens": max_new_tokens}):
+                    self.events.append(event)
+                    self.started.set()
+        except BaseException as exc:  # re-raised by result()
+            self.error = exc
+            self.started.set()
+
+    def result(self):
+        self.thread.join(timeout=120)
+        assert not self.thread.is_alive() and self.error is None, self.error
+        last = self.events[-1]
+        return [t for e in self.events for t in e.token_ids], last.meta
+
+
+def rollout(server, schedule: str = "dense"):
+    """A greedy rollout from a ``ServerProcess`` or an ``InProcessServer``."""
+    kwargs = dict(input_ids=PROMPT, schedule=schedule, sampling_params=GREEDY, return_selected_pages=True)
+    if isinstance(server, InProcessServer):
+        return SparrowClient(http=server.http).rollout(**kwargs)
+    with SparrowClient(server.url, timeout=120) as client:
+        return client.rollout(**kwargs)
+
+
+def version(url: str) -> str:
+    return httpx.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"]
+
+
+def test_update_while_streaming_then_first_rollout_equals_a_fresh_server(servers, ckpt):
+    updated, fresh = servers
+    before = rollout(updated)
+    in_flight = [StreamInThread(updated.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)]
+    for stream in in_flight:
+        assert stream.started.wait(60)
+    replies = update_weights([updated.url], str(ckpt["b"]), weight_version="step-1")
+    reply = replies[updated.url]
+    assert reply["success"] and reply["weight_version"] == "step-1"
+    assert reply["previous_weight_version"] == DEFAULT_WEIGHT_VERSION and reply["num_aborted_requests"] == 0
+    assert reply["drain_s"] > 0.05, "the update should have waited for the streaming rollouts"
+    for stream in in_flight:  # finished on the old weights, and say so
+        tokens, meta = stream.result()
+        assert meta.weight_version == DEFAULT_WEIGHT_VERSION and meta.finish_reason["type"] == "length"
+        assert len(tokens) == IN_FLIGHT_TOKENS and tokens[:len(before.token_ids)] == before.token_ids
+    assert version(updated.url) == "step-1"
+    assert httpx.get(f"{updated.url}/server_info", timeout=10).json()["weight_version"] == "step-1"
+    for schedule in ("w8-sparse", "dense"):  # sparse first: it reuses the flushed pages
+        got, want = rollout(updated, schedule), rollout(fresh, schedule)
+        assert got.meta.weight_version == "step-1" and want.meta.weight_version == DEFAULT_WEIGHT_VERSION
+        assert got.token_ids == want.token_ids
+        assert got.selected_pages == want.selected_pages
+        assert max(abs(x - y) for x, y in zip(got.logprobs, want.logprobs)) < TOL
+    assert got.token_ids != before.token_ids, "the two checkpoints should disagree"
+
+
+def test_bad_path_and_other_architecture_answer_400_and_old_weights_keep_serving(servers, ckpt):
+    updated, _ = servers
+    served, reference = version(updated.url), rollout(updated)
+    cases = [({"model_path": str(ckpt["root"] / "missing")}, "no such file"),
+             ({"model_path": str(ckpt["wider"])}, "intermediate_size"),
+             ({"model_path": str(ckpt["b"]), "load_format": "npcache"}, "load_format")]
+    for body, words in cases:
+        response = httpx.post(f"{updated.url}/update_weights_from_disk", json=body, timeout=60)
+        assert response.status_code == 400, response.text
+        reply = response.json()
+        assert reply["success"] is False and words in reply["message"]
+        assert reply["error"]["type"] == "weight_load_failed"
+    with pytest.raises(FleetError) as info:
+        update_weights([updated.url], str(ckpt["wider"]))
+    assert updated.url in info.value.failures and "400" in str(info.value)
+    assert version(updated.url) == served
+    after = rollout(updated)
+    assert after.token_ids == reference.token_ids and after.meta.weight_version == served
+
+
+def test_pause_in_place_and_continue_over_http(servers):
+    updated, _ = servers
+    reference = rollout(updated)
+    stream = StreamInThread(updated.url)
+    assert stream.started.wait(60)
+    reply = pause([updated.url], "in_place")[updated.url]
+    assert reply["status"] == "ok" and reply["paused"] == "in_place"
+    state = httpx.get(f"{updated.url}/generation_state", timeout=10).json()
+    assert state["paused"] == "in_place" and state["running_requests"] == 1
+    frozen_at = len(stream.events)
+    stream.thread.join(timeout=0.3)
+    assert len(stream.events) == frozen_at and stream.thread.is_alive()
+    assert resume([updated.url])[updated.url]["paused"] is None
+    tokens, meta = stream.result()
+    assert tokens == reference.token_ids and meta.finish_reason["type"] == "length"
+
+
+def test_weight_routes_validate_and_require_admin(ckpt):
+    engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), None, "tiny", kv_pool_tokens=1024)
+    app = create_app(engine)
+    install_security(app, SecurityConfig(api_key="secret"))
+    with TestClient(app) as http:
+        assert http.post("/pause_generation", json={"mode": "abort"}).status_code == 401
+        assert http.post("/update_weights_from_disk", json={"model_path": str(ckpt["b"])}).status_code == 401
+        admin = {"authorization": "Bearer secret"}
+        bad_mode = http.post("/pause_generation", json={"mode": "sleep"}, headers=admin)
+        assert bad_mode.status_code == 422 and "mode" in bad_mode.json()["detail"]
+        unknown = http.post("/update_weights_from_disk", json={"model_path": "x", "colour": 1}, headers=admin)
+        assert unknown.status_code == 422
+        assert http.post("/pause_generation", headers=admin).json()["paused"] == "abort"  # SGLang's default mode
+        assert http.post("/continue_generation", headers=admin).json()["paused"] is None
+        reply = http.post("/update_weights_from_disk", json={"model_path": str(ckpt["b"])}, headers=admin).json()
+        assert reply["success"] and reply["weight_version"] == "1"
+        assert http.get("/get_weight_version").json()["weight_version"] == "1"
