@@ -48,8 +48,9 @@ def request_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def stream_and_print(client, kwargs: dict, as_json: bool = False, ndjson: bool = False, out=sys.stdout) -> int:
+def stream_and_print(client, kwargs: dict, as_json: bool = False, ndjson: bool = False, out=None) -> int:
     """Stream one rollout, print it, then a summary; 0 when it finished normally."""
+    out = out or sys.stdout  # looked up per call: tests and callers may swap sys.stdout
     from sparrow_server.client import RolloutResult
 
     started = time.monotonic()
