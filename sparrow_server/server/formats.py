@@ -51,7 +51,15 @@ def rollout_event(rollout: Rollout, sample: SampleResult, chunk: GenerationChunk
     event["done"] = chunk.finish is not None
     if chunk.finish is not None:
         event["meta"] = rollout_meta(rollout, sample, elapsed_s)
+        event.update(_error_of(sample))
     return event
+
+
+def _error_of(sample: SampleResult) -> dict[str, Any]:
+    """``{"error": {...}}`` for a sample the engine ended with an error, else nothing."""
+    if sample.finish is None or sample.finish.type != "error":
+        return {}
+    return {"error": {"type": "engine_error", "message": sample.finish.message or "engine error"}}
 
 
 def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, with_top: bool,
@@ -66,6 +74,7 @@ def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, wit
         out["selected_pages"] = _jsonable(sample.selected_pages)
     out["done"] = True
     out["meta"] = rollout_meta(rollout, sample, elapsed_s)
+    out.update(_error_of(sample))
     return out
 
 
