@@ -12,7 +12,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from helpers.server_util import ServerProcess
+from helpers.server_util import ServerProcess, free_port
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
 from sparrow_server.client import SparrowClient
 from sparrow_server.client.weights import FleetError, pause, resume, update_weights
@@ -167,6 +167,10 @@ def test_pause_in_place_and_continue_over_http(servers):
     assert resume([updated.url])[updated.url]["paused"] is None
     tokens, meta = stream.result()
     assert tokens == reference.token_ids and meta.finish_reason["type"] == "length"
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(FleetError) as info:  # every server is tried; the failures are named
+        resume([updated.url, dead], timeout=5)
+    assert list(info.value.results) == [updated.url] and list(info.value.failures) == [dead]
 
 
 def test_weight_routes_validate_and_require_admin(ckpt):

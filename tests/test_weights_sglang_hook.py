@@ -1,0 +1,54 @@
+"""The SGLang flush hook (``sglang_plugin.weight_sync``) on stand-in scheduler objects: after a
+successful ``Scheduler.flush_cache`` every sparrow backend's landmark side cache is zero (the
+state of a freshly started server), whatever wrapper holds the backend; a refused flush changes
+nothing. No SGLang needed."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from sparrow_server.sglang_plugin import weight_sync
+
+
+def sparrow_backend(layers=(1, 2)):
+    return SimpleNamespace(landmarks={i: torch.randn(8, 2, 4) for i in layers}, step="plan of the last step")
+
+
+def stand_in_scheduler():
+    main, other_stream, draft = sparrow_backend(), sparrow_backend((3,)), sparrow_backend((0,))
+    stock = SimpleNamespace(name="flashinfer")  # a backend without landmarks
+    runner = SimpleNamespace(attn_backend=SimpleNamespace(prefill_backend=stock, decode_backend=main),
+                             decode_attn_backend=main, decode_attn_backend_group=[main, other_stream])
+    scheduler = SimpleNamespace(tp_worker=SimpleNamespace(model_runner=runner),
+                                draft_worker=SimpleNamespace(model_runner=SimpleNamespace(attn_backend=draft)))
+    return scheduler, (main, other_stream, draft)
+
+
+def test_backends_are_found_through_wrappers_once_each():
+    scheduler, (main, other_stream, _) = stand_in_scheduler()
+    found = weight_sync.sparrow_backends(scheduler.tp_worker.model_runner)
+    assert [id(b) for b in found] == [id(main), id(other_stream)]
+
+
+def test_successful_flush_zeroes_every_landmark_in_place():
+    scheduler, backends = stand_in_scheduler()
+    storage = [t.data_ptr() for b in backends for t in b.landmarks.values()]
+    assert weight_sync.after_flush_cache(True, scheduler, empty_cache=True) is None  # keeps flush_cache's result
+    for backend in backends:
+        assert all(float(t.abs().sum()) == 0 for t in backend.landmarks.values()) and backend.step is None
+    assert [t.data_ptr() for b in backends for t in b.landmarks.values()] == storage  # CUDA graphs keep their pointers
+
+
+def test_refused_flush_changes_nothing():
+    scheduler, backends = stand_in_scheduler()
+    before = [t.clone() for b in backends for t in b.landmarks.values()]
+    weight_sync.after_flush_cache(False, scheduler)
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for b in backends for t in b.landmarks.values()]))
+
+
+def test_install_registers_an_after_hook_on_scheduler_flush_cache():
+    calls = []
+    registry = SimpleNamespace(register=lambda target, hook, kind: calls.append((target, hook, kind)))
+    weight_sync.install(registry, SimpleNamespace(AFTER="after"))
+    assert calls == [("sglang.srt.managers.scheduler.Scheduler.flush_cache", weight_sync.after_flush_cache, "after")]
