@@ -14,3 +14,10 @@ __all__ = [
     "SparrowError", "rollout_payload", "results_from_events", "results_from_json", "truncated_importance_weights",
     "sampled_acceptance", "acceptance_estimate",
 ]
+
+# Fleet-wide weight updates between RL steps (update_weights / pause / resume on a list of servers).
+from sparrow_server.client.weights import (  # noqa: E402
+    FleetError, async_pause, async_resume, async_update_weights, pause, resume, update_weights,
+)
+
+__all__ += ["update_weights", "pause", "resume", "async_update_weights", "async_pause", "async_resume", "FleetError"]
