@@ -9,7 +9,8 @@ On SIGTERM or SIGINT, ``GracefulServer`` (a ``uvicorn.Server``) first ``drain``s
    ``{"error": {"type": "shutdown", ...}, "done": true}`` and its generation is aborted;
 
 then uvicorn closes the listeners and connections, the app's lifespan shuts the engine down and
-the process exits with status 0. A second SIGINT skips the wait.
+the process exits (uvicorn re-raises the signal it caught, so the exit status is that of SIGTERM).
+A second SIGINT skips the wait.
 """
 from __future__ import annotations
 
