@@ -1,0 +1,91 @@
+"""Checkpoint preflight: will a new HF checkpoint fit the serving model in place?
+
+Reads only ``config.json`` and the JSON headers of the ``*.safetensors`` files (no tensor data),
+so it costs milliseconds even for large models. The SGLang engine calls it before forwarding an
+update: SGLang 0.5.17 loads ``/update_weights_from_disk`` into the live parameters, so a checkpoint
+of another shape fails half-way (its rollback re-reads the new path); refusing it up front keeps
+the old weights serving. The reference engine does the same check on the loaded model instead
+(``reference.weight_update.architecture_mismatch``).
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparrow_server.engine.weights import WeightLoadError
+
+# Config keys that do not change what the weights compute (same set as the reference engine's).
+IGNORED_CONFIG_KEYS = frozenset({
+    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation", "architectures",
+    "_attn_implementation_autoset", "attn_implementation", "_commit_hash", "use_cache", "output_attentions",
+    "output_hidden_states", "return_dict",
+})
+MAX_LISTED = 3
+SAFETENSORS_HEADER_LEN_BYTES = 8  # little-endian u64, then that many bytes of JSON
+
+
+@dataclass(frozen=True)
+class CheckpointSignature:
+    """``config`` (ignored keys dropped) and ``tensors``: name -> (dtype, shape); empty when the
+    checkpoint has no safetensors files (``.bin`` headers cannot be read without loading)."""
+
+    config: dict[str, Any]
+    tensors: dict[str, tuple[str, tuple[int, ...]]]
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """name -> (dtype, shape) from one ``.safetensors`` file's header."""
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(SAFETENSORS_HEADER_LEN_BYTES))
+        header = json.loads(f.read(length))
+    return {name: (meta["dtype"], tuple(meta["shape"])) for name, meta in header.items() if name != "__metadata__"}
+
+
+def checkpoint_signature(model_path: str | Path, field: str = "model_path") -> CheckpointSignature:
+    path = Path(model_path).expanduser()
+    if not path.is_dir():
+        raise WeightLoadError(field, str(model_path), "no such directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise WeightLoadError(field, str(model_path), "is not an HF checkpoint directory (no config.json)")
+    try:
+        config = json.loads(config_file.read_text())
+        tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for file in sorted(path.glob("*.safetensors")):
+            tensors.update(safetensors_header(file))
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        raise WeightLoadError(field, str(model_path), f"unreadable checkpoint: {exc}") from exc
+    return CheckpointSignature({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}, tensors)
+
+
+def signature_mismatch(serving: CheckpointSignature, new: CheckpointSignature) -> str | None:
+    """Why ``new`` cannot replace ``serving`` in place, or None. Dtypes may differ (the engine casts)."""
+    keys = sorted((k for k in serving.config.keys() | new.config.keys() if serving.config.get(k) != new.config.get(k)),
+                  key=lambda k: (k != "model_type", k))
+    if keys:
+        diffs = "; ".join(f"{k}: serving {serving.config.get(k)!r}, new {new.config.get(k)!r}" for k in keys[:MAX_LISTED])
+        return f"a different architecture (config differs in {len(keys)} keys: {diffs})"
+    if not serving.tensors or not new.tensors:
+        return None  # a .bin checkpoint: the config check is all that is cheap
+    missing, unexpected = sorted(serving.tensors.keys() - new.tensors.keys()), sorted(new.tensors.keys() - serving.tensors.keys())
+    if missing or unexpected:
+        return f"a different architecture (tensors missing: {missing[:MAX_LISTED]}, unexpected: {unexpected[:MAX_LISTED]})"
+    shapes = [f"{n}: serving {serving.tensors[n][1]}, new {new.tensors[n][1]}"
+              for n in sorted(serving.tensors) if serving.tensors[n][1] != new.tensors[n][1]]
+    if shapes:
+        return f"a different architecture (shapes differ: {'; '.join(shapes[:MAX_LISTED])})"
+    return None
+
+
+def preflight(serving_path: str | Path, new_path: str | Path) -> None:
+    """Raise ``WeightLoadError`` (field ``model_path``) unless ``new_path`` fits the model served
+    from ``serving_path``."""
+    reason = signature_mismatch(checkpoint_signature(serving_path, "serving model_path"), checkpoint_signature(new_path))
+    if reason:
+        raise WeightLoadError("model_path", str(new_path), reason)
+
+
+__all__ = ["CheckpointSignature", "checkpoint_signature", "signature_mismatch", "safetensors_header", "preflight"]
