@@ -265,6 +265,10 @@ def test_compose_structure():
     assert _flag_values(router["command"], "--worker-urls") == [f"http://{n}:{API_PORT}" for n in servers]
     assert _flag_values(router["command"], "--prometheus-port") == [str(ROUTER_METRICS_PORT)]
     assert set(router["depends_on"]) == set(servers)
+    published = {name: [str(p).split(":")[-1] for p in service.get("ports", [])] for name, service in services.items()}
+    assert published["router"] == [str(API_PORT)] and published["grafana"] == ["3000"] and published["prometheus"] == ["9090"]
+    assert all(not published[n] for n in servers), "servers are reached through the router, not published"
+    assert all(str(API_PORT) in [str(p) for p in services[n]["expose"]] for n in servers)
     for name, service in services.items():
         assert "image" in service or "build" in service, name
         for dependency in service.get("depends_on", []):
