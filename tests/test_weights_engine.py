@@ -387,3 +387,29 @@ def test_keep_pause_holds_generation_after_the_update(ckpt):
 
     held = scenario(engine, go)
     assert held.versions == {"1"} and len(held.tokens) == 4
+
+
+def test_update_keeps_lora_adapters_attached_on_the_new_base(ckpt, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    peft_model = get_peft_model(load_plain(ckpt["a"]), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                                   init_lora_weights=False))
+    peft_model.save_pretrained(tmp_path / "adapter")
+
+    def engine_on(directory) -> ReferenceEngine:
+        engine = make_engine(directory)
+        engine.load_adapter("ad1", str(tmp_path / "adapter"))
+        return engine
+
+    updated, fresh = engine_on(ckpt["a"]), engine_on(ckpt["b"])
+
+    async def go(engine, update: bool):
+        if update:
+            await engine.weight_sync.update_weights_from_disk(WeightUpdate(str(ckpt["b"])))
+        return await run(engine, req("lora", adapter="ad1")), await run(engine, req("base"))
+
+    got = scenario(updated, lambda: go(updated, True))
+    want = scenario(fresh, lambda: go(fresh, False))
+    for g, w in zip(got, want):
+        assert g.tokens == w.tokens and max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < TOL
+    assert got[0].last.adapter == "ad1" and got[0].logprobs != got[1].logprobs

@@ -6,8 +6,9 @@ requests (``admitting``) and run decode steps (``stepping``). An update:
    parameter names and shapes (old weights keep serving meanwhile; any problem -> ``WeightLoadError``);
 2. stops admission, aborts live requests if asked, waits until no request holds KV;
 3. with the loop stopped (step lock held): copies the new tensors into the serving parameters
-   (shapes checked, so the copy cannot fail half-way), zeroes the KV pool and the landmark side
-   cache, sets ``weight_version``, aborts retracted requests that already have old-version tokens;
+   (shapes checked, so the copy cannot fail half-way; LoRA adapters stay attached), zeroes the KV
+   pool and the landmark side cache, sets ``weight_version``, aborts retracted requests (their
+   tokens come from the old weights);
 4. reopens admission (unless paused).
 Requests are stamped with the weight version when admitted, so a request queued during an update
 runs, and is labelled, on the new weights.
@@ -287,14 +288,13 @@ class ReferenceWeightSync:
                 flush_kv_cache(e.cache)
             previous = e.weight_version
             e.weight_version = update.weight_version or next_weight_version(previous)
-            with e._cond:
+            with e._cond:  # retracted requests hold old-weight tokens: continuing them would mix versions
                 retracted = [s for s in e._waiting if s.output]
-            stale = [s for s in retracted if s.weight_version != e.weight_version]
-            for seq in stale:
+            for seq in retracted:
                 e._finish(seq, FinishReason("abort", message=(
                     f"weights updated to {e.weight_version} while this request was retracted; its tokens come "
                     f"from {seq.weight_version}: resubmit it")), (), ())
-            return e.weight_version, previous, len(retracted), len(stale), time.monotonic() - started
+            return e.weight_version, previous, len(retracted), len(retracted), time.monotonic() - started
 
 
 __all__ = [
