@@ -12,7 +12,7 @@ from helpers.tiny_models import (
     PAGE_SIZE, TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs,
 )
 from sparrow_server.engine.base import (
-    ContextLengthError, GenerationRequest, InvalidRequestError, SamplingParams, UnknownAdapterError,
+    ContextLengthError, DuplicateRequestError, GenerationRequest, InvalidRequestError, SamplingParams, UnknownAdapterError,
 )
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.sparsity.schedule import Schedule, budget_pages, dense_schedule
@@ -114,6 +114,8 @@ def test_pages_freed_after_finish_and_abort(engine):
         stream = engine.submit(req("long", max_new=500))
         first = await stream.__anext__()
         assert first.token_ids and engine.live_requests() == ("long",)
+        with pytest.raises(DuplicateRequestError):
+            engine.validate(req("long"))
         await stream.aclose()  # the consumer goes away: the request is aborted
         for _ in range(200):
             if not engine.live_requests():

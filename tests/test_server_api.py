@@ -179,3 +179,21 @@ def test_malformed_schedule_put_422(client, body, field, reason):
 
 def test_builtin_schedule_cannot_be_replaced(client):
     assert "built-in" in error(client.put("/schedules/dense", json={"budgets_tokens": [64]}), 422)["reason"]
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte; decoding a split character yields U+FFFD, as real BPE tokenizers do."""
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_incremental_text_never_splits_characters():
+    from sparrow_server.server.service import TextDecoder
+
+    text = "Héllo — 日本語 🎉 ok"
+    ids = list(text.encode())
+    decoder = TextDecoder(ByteTokenizer())
+    deltas = [decoder.delta(ids[: i + 1]) for i in range(len(ids))]
+    assert "".join(deltas) == text and all("\ufffd" not in d for d in deltas)
+    assert TextDecoder(None).delta([1, 2]) is None

@@ -72,20 +72,26 @@ class Rollout:
 
 
 class TextDecoder:
-    """Incremental detokenisation: text deltas that never split a multi-byte character."""
+    """Incremental detokenisation: text deltas that never split a multi-byte character. Decodes a
+    short window (from ``prefix`` on) per call, so a long generation costs O(tokens), not O(tokens^2)."""
 
     def __init__(self, tokenizer: Any | None):
         self.tokenizer = tokenizer
-        self.emitted = ""
+        self.prefix = 0  # window start: tokens before it are final
+        self.read = 0  # tokens already turned into text
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def delta(self, token_ids: Sequence[int]) -> str | None:
         if self.tokenizer is None:
             return None
-        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        out, self.emitted = text[len(self.emitted):], text
-        return out
+        before = self._decode(token_ids[self.prefix:self.read])
+        text = self._decode(token_ids[self.prefix:])
+        if text.endswith("\ufffd") or len(text) < len(before):
+            return ""  # an incomplete character: wait for the next token
+        self.prefix, self.read = self.read, len(token_ids)
+        return text[len(before):]
 
 
 class RolloutService:

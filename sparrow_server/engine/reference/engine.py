@@ -166,6 +166,8 @@ class ReferenceEngine(Engine):
         if request.top_logprobs > self.vocab_size:
             raise InvalidRequestError("top_logprobs", request.top_logprobs, f"exceeds the vocabulary ({self.vocab_size})")
         self.resolve_adapter(request.adapter)
+        if request.rid in self.live_requests():
+            raise DuplicateRequestError(f"rid {request.rid!r} is already live")
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.validate(request)
