@@ -32,7 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        # Output piped into e.g. `head`, which closed early: not an error of ours.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":
