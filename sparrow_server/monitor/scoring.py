@@ -1,0 +1,191 @@
+"""Per-token acceptance of one finished rollout against the dense policy.
+
+The dense policy is the *base* model with stock (dense) attention: the request's LoRA adapter
+is never applied to it (``adapter_scope(model, None)`` disables peft adapters). The sparse
+policy is what produced the rollout: the model (with the request's adapter) under the request's
+schedule. Two ways to get its distribution per generated token:
+
+- exact: a teacher-forced sparse forward (``teacher_forced_logits``, which reproduces decode's
+  page selections at every position), then ``exact_acceptance`` against the dense forward;
+- top-k lower bound: the top-k (ids, logprobs) recorded during decoding (SGLang), against the
+  dense pass's top-k (``topk_acceptance_lower_bound``; never above the exact value).
+
+Positions: completion token ``i`` (0-based) is produced by the step that attends ``prompt_len + i``
+tokens (token 0 by the dense prefill); logit row ``prompt_len - 1 + i`` of the sequence predicts it.
+Shapes: ``P`` prompt tokens, ``N`` completion tokens, ``V`` vocabulary, ``K`` top-k.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from sparrow_server.modeling.sparse_forward import teacher_forced_logits
+from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
+
+EXACT = "exact"
+TOPK_LOWER_BOUND = "topk_lower_bound"
+DENSE_ATTENTION = "sdpa"  # the dense pass's attention implementation (stock, causal)
+DEFAULT_ROW_CHUNK = 256  # acceptance rows per step: bounds the [chunk, V] float temporaries
+
+
+@dataclass(frozen=True)
+class AcceptanceScores:
+    """Acceptance of each generated token and the schedule-basis length of the step that made it."""
+
+    acceptance: np.ndarray  # [N] float64 in [0, 1]
+    basis_lengths: np.ndarray  # [N] int64
+    kind: str  # EXACT or TOPK_LOWER_BOUND
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.acceptance.size)
+
+    @property
+    def p5(self) -> float:
+        return float(np.quantile(self.acceptance, 0.05)) if self.acceptance.size else float("nan")
+
+    @property
+    def mean(self) -> float:
+        return float(self.acceptance.mean()) if self.acceptance.size else float("nan")
+
+
+def completion_basis_lengths(schedule: Schedule, prompt_len: int, n_completion: int) -> np.ndarray:
+    """Length on the schedule's basis of the step producing each completion token: [N] int64.
+
+    ``total``: ``prompt_len + i`` (tokens attended); ``generated``: ``i``.
+    """
+    i = np.arange(n_completion, dtype=np.int64)
+    return i + prompt_len if schedule.length_basis == "total" else i
+
+
+def chunked_exact_acceptance(sparse_logits: Tensor, dense_logits: Tensor, temperature: float,
+                             chunk: int = DEFAULT_ROW_CHUNK) -> np.ndarray:
+    """``exact_acceptance`` row-chunk by row-chunk. [N, V], [N, V] -> [N] float64."""
+    parts = [exact_acceptance(sparse_logits[s:s + chunk], dense_logits[s:s + chunk], temperature)
+             for s in range(0, sparse_logits.shape[0], chunk)]
+    return torch.cat(parts).double().cpu().numpy() if parts else np.zeros(0)
+
+
+@contextlib.contextmanager
+def adapter_scope(model: Any, adapter: str | None):
+    """Run ``model`` as the base model (``adapter=None``: peft adapters disabled) or with one adapter."""
+    if not hasattr(model, "peft_config"):
+        if adapter is not None:
+            raise ValueError(f"adapter = {adapter!r}: the scoring model has no adapters loaded")
+        yield
+        return
+    if adapter is None:
+        with model.disable_adapter():
+            yield
+        return
+    if adapter not in model.peft_config:
+        raise ValueError(f"adapter = {adapter!r}: not loaded (loaded: {sorted(model.peft_config)})")
+    previous = model.active_adapter
+    model.set_adapter(adapter)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous)
+
+
+@contextlib.contextmanager
+def attention_implementation(model: Any, name: str):
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+class HFScorer:
+    """Scores rollouts with a transformers causal LM (optionally wrapped by peft).
+
+    ``model``: the model, or a zero-argument callable returning it (the reference engine swaps in a
+    ``PeftModel`` when the first adapter loads). ``lock``: held around each forward when the model
+    is shared with a running engine (its step lock), so a forward never interleaves with a decode
+    step and the attention implementation can be switched safely; decode then pauses for one
+    forward at a time, the cost of a prefill of the rollout.
+    """
+
+    def __init__(self, model: Any, lock: threading.Lock | threading.RLock | None = None):
+        self._model: Callable[[], Any] = model if callable(model) and not isinstance(model, torch.nn.Module) else (lambda: model)
+        self._lock = lock if lock is not None else contextlib.nullcontext()
+
+    @property
+    def model(self) -> Any:
+        return self._model()
+
+    def _ids(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Tensor:
+        """The sequence minus its last token (no row predicts past the completion): [P + N - 1]."""
+        if not prompt_ids:
+            raise ValueError("prompt_ids: must not be empty")
+        if not completion_ids:
+            raise ValueError("completion_ids: must not be empty")
+        device = next(self.model.parameters()).device
+        return torch.tensor([*prompt_ids, *completion_ids][:-1], dtype=torch.long, device=device)
+
+    @torch.inference_mode()
+    def dense_logits(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> Tensor:
+        """Dense, adapter-free logits predicting each completion token: [N, V] float32."""
+        ids, n = self._ids(prompt_ids, completion_ids), len(completion_ids)
+        with self._lock:
+            model = self.model
+            with adapter_scope(model, None), attention_implementation(model, DENSE_ATTENTION):
+                out = model(input_ids=ids[None], use_cache=False, logits_to_keep=n)
+        return out.logits[0, -n:].float()
+
+    @torch.inference_mode()
+    def sparse_logits(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
+                      adapter: str | None = None) -> Tensor:
+        """The rollout policy's logits (schedule + adapter) predicting each completion token: [N, V]."""
+        ids, p = self._ids(prompt_ids, completion_ids), len(prompt_ids)
+        with self._lock:
+            model = self.model
+            with adapter_scope(model, adapter):
+                logits = teacher_forced_logits(model, ids, p, schedule)
+        return logits[p - 1:]
+
+    def exact(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
+              temperature: float, adapter: str | None = None, sparse_logits: Tensor | None = None) -> AcceptanceScores:
+        """Exact acceptance; ``sparse_logits`` ([N, V], recorded in full) skips the sparse forward."""
+        if sparse_logits is None:
+            sparse_logits = self.sparse_logits(prompt_ids, completion_ids, schedule, adapter)
+        elif sparse_logits.shape[0] != len(completion_ids):
+            raise ValueError(f"sparse_logits: {sparse_logits.shape[0]} rows for {len(completion_ids)} completion tokens")
+        dense = self.dense_logits(prompt_ids, completion_ids)
+        acc = chunked_exact_acceptance(sparse_logits, dense.to(sparse_logits.device), temperature)
+        return AcceptanceScores(acc, completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids)), EXACT)
+
+    def dense_topk(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
+                   temperature: float) -> tuple[Tensor, Tensor]:
+        """Top-k (ids, logprobs) of the dense policy at ``temperature``: ([N, k], [N, k])."""
+        return logits_to_topk(self.dense_logits(prompt_ids, completion_ids), k, temperature)
+
+
+def score_rollout(scorer: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
+                  temperature: float, adapter: str | None = None, sparse_topk: tuple[Tensor, Tensor] | None = None,
+                  sparse_logits: Tensor | None = None) -> AcceptanceScores:
+    """Acceptance of one rollout: exact unless only the recorded top-k ([N, K] ids, logprobs) is given."""
+    if sparse_topk is None:
+        return scorer.exact(prompt_ids, completion_ids, schedule, temperature, adapter, sparse_logits)
+    ids, logprobs = sparse_topk
+    if ids.shape != logprobs.shape or ids.dim() != 2 or ids.shape[0] != len(completion_ids):
+        raise ValueError(f"sparse_topk: ids {tuple(ids.shape)} and logprobs {tuple(logprobs.shape)} must both be "
+                         f"[{len(completion_ids)}, K]")
+    dense_ids, dense_lp = scorer.dense_topk(prompt_ids, completion_ids, ids.shape[1], temperature)
+    acc = topk_acceptance_lower_bound(ids, logprobs, dense_ids.cpu(), dense_lp.cpu()).double().numpy()
+    return AcceptanceScores(acc, completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids)), TOPK_LOWER_BOUND)
+
+
+__all__ = [
+    "AcceptanceScores", "HFScorer", "adapter_scope", "completion_basis_lengths", "chunked_exact_acceptance",
+    "score_rollout", "EXACT", "TOPK_LOWER_BOUND",
+]

@@ -1,0 +1,160 @@
+"""``DenseVerifier``: re-score a sample of finished rollouts densely, off the decode path.
+
+Each finished rollout is verified when its request asked (``verify: true``) or, otherwise, with
+probability ``sample_fraction`` (default 5%). The decision is made at admission
+(``should_verify``), so the engine records the sparse top-k (``record_topk``) only for verified
+requests. Scoring runs on one background thread; a sampled job is dropped (and counted) when
+``max_pending`` jobs already wait, so verification never queues without bound; a requested job
+is always accepted. Results feed ``AcceptanceMetrics`` and, for requested jobs, the response's
+``meta`` (``VerificationResult.meta()``).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sparrow_server.monitor.metrics import AcceptanceMetrics
+from sparrow_server.monitor.scoring import AcceptanceScores, score_rollout
+from sparrow_server.sparsity.schedule import Schedule
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SAMPLE_FRACTION = 0.05
+DEFAULT_RECORD_TOPK = 20  # the paper's trainer compares top-20 lists
+DEFAULT_MAX_PENDING = 32
+
+
+@dataclass(frozen=True)
+class VerificationJob:
+    """One finished rollout to re-score.
+
+    ``temperature``: the temperature its logprobs are at (1 for a greedy request, as SGLang reports).
+    The sparse side is, in order of preference: ``sparse_logits`` (full, [N, V]), ``sparse_topk``
+    (recorded ([N, K] ids, [N, K] logprobs), giving the top-k lower bound), or neither, in which
+    case the scorer recomputes it exactly with a teacher-forced sparse forward (reference engine).
+    """
+
+    rid: str
+    schedule: Schedule
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    temperature: float
+    adapter: str | None = None
+    sparse_topk: tuple[Any, Any] | None = None
+    sparse_logits: Any = None
+    requested: bool = False  # verify: true (never dropped)
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    rid: str
+    schedule: str
+    scores: AcceptanceScores
+    elapsed_s: float
+
+    @property
+    def p5(self) -> float:
+        return self.scores.p5
+
+    @property
+    def mean(self) -> float:
+        return self.scores.mean
+
+    def meta(self) -> dict[str, Any]:
+        """Fields a verified request's response ``meta`` carries."""
+        return {"acceptance_p5": self.p5, "acceptance_mean": self.mean, "acceptance_kind": self.scores.kind,
+                "verified_tokens": self.scores.n_tokens}
+
+
+def topk_from_chunks(top_logprobs: list[tuple[tuple[float, int], ...]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Engine top-logprobs (per token ``((logprob, id), ...)``) -> ([N, K] ids, [N, K] logprobs), -1 padded."""
+    k = max((len(t) for t in top_logprobs), default=0)
+    ids = torch.full((len(top_logprobs), k), -1, dtype=torch.long)
+    lps = torch.full((len(top_logprobs), k), float("-inf"), dtype=torch.float64)
+    for row, entries in enumerate(top_logprobs):
+        for col, (lp, tid) in enumerate(entries):
+            ids[row, col], lps[row, col] = int(tid), float(lp)
+    return ids, lps
+
+
+class DenseVerifier:
+    """Samples finished rollouts and scores them on a background thread (see the module docstring).
+
+    ``scorer``: an ``HFScorer`` (or anything with its ``exact`` and ``dense_topk`` methods).
+    """
+
+    def __init__(self, scorer: Any, metrics: AcceptanceMetrics | None = None,
+                 sample_fraction: float = DEFAULT_SAMPLE_FRACTION, record_topk: int = DEFAULT_RECORD_TOPK,
+                 max_pending: int = DEFAULT_MAX_PENDING, seed: int | None = None):
+        if not 0.0 <= sample_fraction <= 1.0:
+            raise ValueError(f"sample_fraction = {sample_fraction!r}: must be in [0, 1]")
+        if record_topk < 1:
+            raise ValueError(f"record_topk = {record_topk!r}: must be >= 1")
+        if max_pending < 1:
+            raise ValueError(f"max_pending = {max_pending!r}: must be >= 1")
+        self.scorer = scorer
+        self.metrics = metrics
+        self.sample_fraction = sample_fraction
+        self.record_topk = record_topk
+        self.max_pending = max_pending
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._pending = 0
+        self.dropped = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparrow-verifier")
+
+    def should_verify(self, requested: bool) -> bool:
+        """Decide at admission: always when requested, else with probability ``sample_fraction``."""
+        if requested:
+            return True
+        with self._lock:
+            return self._rng.random() < self.sample_fraction
+
+    def score(self, job: VerificationJob) -> VerificationResult:
+        """Score synchronously (on the calling thread) and record the metrics."""
+        start = time.monotonic()
+        scores = score_rollout(self.scorer, job.prompt_ids, job.completion_ids, job.schedule, job.temperature,
+                               job.adapter, job.sparse_topk, job.sparse_logits)
+        result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start)
+        if self.metrics is not None:
+            self.metrics.observe(job.schedule, scores.acceptance, scores.basis_lengths)
+        return result
+
+    def submit(self, job: VerificationJob) -> Future | None:
+        """Queue a job for the background thread; ``None`` when a sampled job is dropped (backlog full)."""
+        with self._lock:
+            if not job.requested and self._pending >= self.max_pending:
+                self.dropped += 1
+                return None
+            self._pending += 1
+        future = self._executor.submit(self.score, job)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: Future) -> None:
+        with self._lock:
+            self._pending -= 1
+        exc = future.exception()
+        if exc is not None:
+            log.error("dense verification failed: %s: %s", type(exc).__name__, exc)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return self._pending
+
+    def close(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=not wait)
+
+
+__all__ = [
+    "DenseVerifier", "VerificationJob", "VerificationResult", "topk_from_chunks", "DEFAULT_SAMPLE_FRACTION",
+    "DEFAULT_RECORD_TOPK", "DEFAULT_MAX_PENDING",
+]
