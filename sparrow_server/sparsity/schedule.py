@@ -102,8 +102,11 @@ def _validate(s: Schedule) -> None:
         _check_int("dense_layers", layer, minimum=0)
     if len(set(s.dense_layers)) != len(s.dense_layers):
         raise ScheduleError("dense_layers", list(s.dense_layers), "has duplicates")
-    if s.threshold is not None and not (isinstance(s.threshold, (int, float)) and 0.0 < s.threshold <= 1.0):
+    if s.threshold is not None and (isinstance(s.threshold, bool) or not isinstance(s.threshold, (int, float))
+                                    or not 0.0 < s.threshold <= 1.0):
         raise ScheduleError("threshold", s.threshold, "must be in (0, 1]")
+    if not isinstance(s.description, str):
+        raise ScheduleError("description", s.description, "must be a string")
     reserved_tokens = s.reserved_pages * s.page_size
     for i, b in enumerate(s.budgets_tokens):
         _check_int(f"budgets_tokens[{i}]", b, minimum=1)
@@ -195,10 +198,15 @@ def schedule_from_dict(data: Mapping[str, Any]) -> Schedule:
             raise ScheduleError("budgets_pages_excluding_reserved", pages, "must be a list of integers")
         for i, v in enumerate(pages):
             _check_int(f"budgets_pages_excluding_reserved[{i}]", v, minimum=0)
-        reserved = data.get("sink_pages", DEFAULT_SINK_PAGES) + data.get("recent_pages", DEFAULT_RECENT_PAGES)
+        sink = data.get("sink_pages", DEFAULT_SINK_PAGES)
+        recent = data.get("recent_pages", DEFAULT_RECENT_PAGES)
         ps = data.get("page_size", DEFAULT_PAGE_SIZE)
-        if isinstance(reserved, int) and isinstance(ps, int):
-            data["budgets_tokens"] = [(v + reserved) * ps for v in pages]
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in (sink, recent, ps)):
+            data["budgets_tokens"] = [(v + sink + recent) * ps for v in pages]
+        # else: Schedule() names the non-integer field
+    for key in data:
+        if not isinstance(key, str):
+            raise ScheduleError(repr(key), key, "field names must be strings")
     unknown = sorted(set(data) - _FIELDS)
     if unknown:
         raise ScheduleError(unknown[0], data[unknown[0]], f"unknown field (known: {sorted(_FIELDS)})")
