@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "rollout",
     "schedules",
     "cost",
+    "calibrate",
 )
 
 
