@@ -70,6 +70,7 @@ def build_app(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from sparrow_server.server.shutdown import make_server
+    from sparrow_server.models import ModelLoadError
     from sparrow_server.sparsity.registry import UnknownScheduleError
     from sparrow_server.sparsity.schedule import ScheduleError
 
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         security_from_args(args)  # refuse a bad bind before loading the model
         app, summary = build_app(args)
-    except (ValueError, UnknownScheduleError, ScheduleError, OSError) as exc:
+    except (ValueError, UnknownScheduleError, ScheduleError, ModelLoadError, OSError) as exc:
         print(f"sparrow-server serve: {exc}", file=sys.stderr)
         return 2
     print(f"sparrow-server: serving on http://{args.host}:{args.port} ({summary})", flush=True)
