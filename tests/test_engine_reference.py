@@ -74,6 +74,7 @@ def test_dense_schedule_equals_hf_forward(engine, reference):
 
 def test_sparse_schedule_equals_masked_recomputation(engine, reference):
     out, = run_requests(engine, req("s", SPARSE, max_new=40, temperature=0.7, return_selected_pages=True))
+    assert len(out.selections) == len(out.tokens) == len(out.budgets) == 40
     masked = teacher_forced_logprobs(reference, PROMPT, out.tokens, 0.7, selections=out.selections)
     assert max_diff(out.logprobs, masked) < TOL
     dense = teacher_forced_logprobs(reference, PROMPT, out.tokens, 0.7)
@@ -208,3 +209,21 @@ def test_pool_pressure_queues_requests(model_dir):
     asyncio.run(eng.shutdown())
     assert all(len(o.tokens) == 20 for o in outs)
     assert outs[0].tokens == outs[1].tokens == outs[2].tokens
+
+
+def test_a_failing_step_ends_those_requests_with_an_error_and_the_engine_keeps_serving(engine):
+    real_decode = engine.runner.decode
+    calls = {"n": 0}
+
+    def flaky_decode(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected fault")
+        return real_decode(*args, **kwargs)
+
+    engine.runner.decode = flaky_decode
+    failed, = run_requests(engine, req("f", max_new=10))
+    assert failed.finish.type == "error" and "injected fault" in failed.finish.message
+    ok, = run_requests(engine, req("ok", max_new=5))
+    assert ok.finish.type == "length" and len(ok.tokens) == 5
+    assert engine.live_requests() == () and engine.cache.free_pages == engine.cache.usable_pages

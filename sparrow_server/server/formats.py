@@ -30,6 +30,7 @@ def rollout_meta(rollout: Rollout, sample: SampleResult, elapsed_s: float) -> di
         "kv_budget_tokens_mean": sample.kv_budget_tokens_mean,
         "weight_version": sample.weight_version,
         "e2e_latency": elapsed_s,
+        **(sample.verification or {}),
     }
 
 
@@ -100,6 +101,8 @@ def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, 
             meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in per] for per in sample.top_logprobs]
     out: dict[str, Any] = {"output_ids": list(sample.token_ids), "meta_info": meta}
+    if len(rollout.requests) > 1:
+        out["index"] = sample.index  # SGLang tags each of n samples so streamed chunks can be told apart
     if with_text:
         out = {"text": sample.text, **out}
     return out
