@@ -70,17 +70,16 @@ def load_candidate(model_path: str, load_format: str | None, dtype: torch.dtype,
     path = Path(model_path).expanduser()
     if not path.exists():
         raise WeightLoadError("model_path", model_path, "no such file or directory")
-    if path.suffix == ".gguf":
-        from sparrow_server.models import converted_gguf_dir
-
-        path = converted_gguf_dir(path)
-    elif not (path / "config.json").is_file():
+    if path.suffix != ".gguf" and not (path / "config.json").is_file():
         raise WeightLoadError("model_path", model_path, "is not an HF checkpoint directory (no config.json)")
     from transformers import AutoModelForCausalLM
 
+    from sparrow_server.models import converted_gguf_dir
+
     kwargs = {"use_safetensors": load_format == "safetensors"} if load_format in ("safetensors", "pt") else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, **kwargs)
+        directory = converted_gguf_dir(path) if path.suffix == ".gguf" else path
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, **kwargs)
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
         raise WeightLoadError("model_path", model_path, f"cannot load a checkpoint: {exc}") from exc
     return model.to(device).eval()
