@@ -30,14 +30,28 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
-def model_dir(request, tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp(request.param), request.param)
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
     return load_plain(model_dir)
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("qwen3"), "qwen3")
+
+
+@pytest.fixture(params=["llama", "qwen3"])
+def arch_engine(request, model_dir, qwen3_dir):
+    """(engine, HF reference) for each architecture the equality tests cover."""
+    directory = model_dir if request.param == "llama" else qwen3_dir
+    eng = make_engine(directory)
+    yield eng, load_plain(directory)
+    asyncio.run(eng.shutdown())
 
 
 def make_engine(model_dir, **kwargs) -> ReferenceEngine:
@@ -64,7 +78,8 @@ def max_diff(a, b) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
 
-def test_dense_schedule_equals_hf_forward(engine, reference):
+def test_dense_schedule_equals_hf_forward(arch_engine):
+    engine, reference = arch_engine
     greedy, sampled = run_requests(engine, req("g"), req("s", temperature=0.8, top_k=20, top_p=0.9, seed=3))
     assert max_diff(greedy.logprobs, teacher_forced_logprobs(reference, PROMPT, greedy.tokens)) < TOL
     # Sampled at T=0.8 with top-k/top-p: logprobs are log_softmax(logits / T), before truncation.
@@ -72,7 +87,8 @@ def test_dense_schedule_equals_hf_forward(engine, reference):
     assert greedy.budgets[0] is None and greedy.budgets[1:] == [len(PROMPT) + i for i in range(1, len(greedy.tokens))]
 
 
-def test_sparse_schedule_equals_masked_recomputation(engine, reference):
+def test_sparse_schedule_equals_masked_recomputation(arch_engine):
+    engine, reference = arch_engine
     out, = run_requests(engine, req("s", SPARSE, max_new=40, temperature=0.7, return_selected_pages=True))
     assert len(out.selections) == len(out.tokens) == len(out.budgets) == 40
     masked = teacher_forced_logprobs(reference, PROMPT, out.tokens, 0.7, selections=out.selections)
