@@ -1,0 +1,113 @@
+"""GRPO with truncated importance sampling (TIS) against the sparse behaviour policy.
+
+The rollouts come from the *sparse* actor; the policy being trained is the *dense* model. As in
+the Sparrow paper's trainer (``compute_policy_loss_vanilla`` with ``tis_imp_ratio_cap``), every
+token's clipped-PPO term is multiplied by ``min(exp(logp_dense_old - logp_sparse), C)``, where
+``logp_dense_old`` is the trainer's own dense logprob of the sampled token (full attention, no
+adapter) at the weights the servers sampled with, and ``logp_sparse`` is what the server returned.
+
+One optimizer step per batch (on-policy), so the PPO ratio is exactly 1 and its clip never binds;
+it is kept so that the loss reads as the one a multi-epoch trainer uses. Shapes: ``G`` generated
+tokens of one sample, ``P`` prompts, ``n`` samples per prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from sparrow_server.modeling.sparse_forward import dense_logits
+from sparrow_server.stats.acceptance import sampled_acceptance, truncated_importance_weights
+
+from .sampling import Sample
+
+ADVANTAGE_EPS = 1e-6
+DEFAULT_TIS_CAP = 2.0  # the paper's code example uses 3.0; smaller is safer on a tight toy schedule
+DEFAULT_CLIP_LOW = 0.2
+DEFAULT_CLIP_HIGH = 0.28
+DEFAULT_MAX_GRAD_NORM = 1.0
+
+
+@dataclass(frozen=True)
+class ObjectiveSettings:
+    temperature: float
+    tis_cap: float = DEFAULT_TIS_CAP
+    clip_low: float = DEFAULT_CLIP_LOW
+    clip_high: float = DEFAULT_CLIP_HIGH
+    max_grad_norm: float = DEFAULT_MAX_GRAD_NORM
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    loss: float
+    grad_norm: float
+    tokens: int
+    trained_samples: int  # samples with a non-zero advantage (the others carry no gradient)
+    dense_logprobs: tuple[tuple[float, ...], ...]  # per sample, [G] each: old dense logprobs
+
+
+def group_advantages(rewards: Tensor, eps: float = ADVANTAGE_EPS) -> Tensor:
+    """GRPO advantages: each reward minus its group's mean, over the group's std. [P, n] -> [P, n]."""
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, keepdim=True, unbiased=False)
+    return (rewards - mean) / (std + eps)
+
+
+def sampled_token_logprobs(model: Any, sample: Sample, temperature: float) -> Tensor:
+    """Dense logprob of each generated token, ``log_softmax(logits / T)``: [G] (with grad if enabled)."""
+    ids = torch.tensor(sample.prompt_ids + sample.token_ids)
+    logits = dense_logits(model, ids)  # [T, V]; row t predicts token t + 1
+    p = len(sample.prompt_ids)
+    rows = torch.log_softmax(logits[p - 1: ids.shape[0] - 1] / temperature, dim=-1)
+    return rows.gather(1, ids[p:, None])[:, 0]
+
+
+def token_loss(logp: Tensor, logp_old: Tensor, advantage: float, tis: Tensor, s: ObjectiveSettings) -> Tensor:
+    """Clipped PPO surrogate times the TIS weight, per token: [G]."""
+    ratio = torch.exp(logp - logp_old)
+    clipped = torch.clamp(ratio, 1.0 - s.clip_low, 1.0 + s.clip_high)
+    return -torch.minimum(ratio * advantage, clipped * advantage) * tis
+
+
+def importance_weights(dense_old: Tensor, sample: Sample, cap: float) -> Tensor:
+    """TIS weights ``min(exp(dense_old - sparse), cap)``: [G] float64."""
+    return truncated_importance_weights(dense_old.double(), torch.tensor(sample.sparse_logprobs, dtype=torch.float64), cap)
+
+
+def acceptance(dense_old: Tensor, sample: Sample) -> Tensor:
+    """Sampled-token acceptance ``min(1, p_dense / p_sparse)``: [G] float64 (its mean estimates alpha)."""
+    return sampled_acceptance(dense_old.double(), torch.tensor(sample.sparse_logprobs, dtype=torch.float64))
+
+
+def policy_update(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample], advantages: Sequence[float],
+                  s: ObjectiveSettings) -> UpdateStats:
+    """One optimizer step on the token-mean loss over every generated token of the batch.
+
+    Samples are forwarded one at a time (one graph in memory); a zero-advantage sample has no
+    gradient, so it only gets a no-grad forward for its dense logprobs (TIS and acceptance stats).
+    """
+    tokens = sum(len(x.token_ids) for x in samples)
+    assert tokens > 0, "a batch with no generated tokens"
+    optimizer.zero_grad(set_to_none=True)
+    total, dense, trained = 0.0, [], 0
+    for sample, advantage in zip(samples, advantages):
+        if not sample.token_ids:
+            dense.append(())
+            continue
+        with torch.set_grad_enabled(advantage != 0.0):
+            logp = sampled_token_logprobs(model, sample, s.temperature)
+        old = logp.detach()
+        dense.append(tuple(old.tolist()))
+        if advantage == 0.0:
+            continue
+        tis = importance_weights(old, sample, s.tis_cap).to(logp.dtype)
+        loss = token_loss(logp, old, advantage, tis, s).sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+        trained += 1
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)) if trained else 0.0
+    if trained:
+        optimizer.step()
+    return UpdateStats(total, grad_norm, tokens, trained, tuple(dense))

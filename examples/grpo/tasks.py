@@ -1,0 +1,53 @@
+"""The toy task: two-number additions with a verifiable exact-match reward.
+
+"What is 17+25? Answer with the number." is rewarded 1.0 when the last integer in the
+completion is 42, else 0.0. Problems are drawn from a seeded generator, so a run is
+reproducible and needs no data file.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+QUESTION = "What is {a}+{b}? Answer with the number."
+DEFAULT_MAX_OPERAND = 20
+_INTEGER = re.compile(r"-?\d+")
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    answer: int
+
+
+def arithmetic_problems(count: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND) -> list[Problem]:
+    """``count`` additions of operands in ``[1, max_operand]``, the same for the same ``seed``."""
+    if count < 1:
+        raise ValueError(f"count = {count}: must be >= 1")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
+        out.append(Problem(QUESTION.format(a=a, b=b), a + b))
+    return out
+
+
+def prompt_ids(tokenizer: Any, problem: Problem) -> list[int]:
+    """The chat-formatted prompt as token ids (generation prompt appended)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": problem.question}],
+                                        add_generation_prompt=True, tokenize=True)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def last_integer(text: str) -> int | None:
+    found = _INTEGER.findall(text)
+    return int(found[-1]) if found else None
+
+
+def exact_match_reward(completion: str, problem: Problem) -> float:
+    """1.0 when the completion's last integer is the answer, else 0.0."""
+    return 1.0 if last_integer(completion) == problem.answer else 0.0

@@ -1,0 +1,111 @@
+"""examples/grpo_loop.py against a real server subprocess on a tiny random model: two GRPO steps
+in-process, the loop closed (the server serves the trainer's updated weights), both transports."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.server_util import REPO, CharTokenizer, ServerProcess
+from helpers.tiny_models import load_plain, save_tiny_model, teacher_forced_logprobs
+from sparrow_server.client import SparrowClient
+
+sys.path.insert(0, str(REPO / "examples"))
+import grpo_loop  # noqa: E402
+from grpo.fleet_sync import DEMO_SCHEDULE_NAME  # noqa: E402
+from grpo.objective import group_advantages  # noqa: E402
+from grpo.tasks import Problem, exact_match_reward, last_integer  # noqa: E402
+
+LR = 1e-2  # large enough that the updated weights are told apart from the initial ones
+
+
+def letter_variety(text: str, problem: Problem) -> float:
+    """A reward that varies within a group on a random model (exact match is always 0 there)."""
+    return len(set(text)) / 26
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_model(tmp_path_factory.mktemp("grpo") / "model")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    """One server for the module: every run starts by pushing its own initial weights (sync_initial)."""
+    proc = ServerProcess(model_dir, tmp_path_factory.mktemp("grpo-server") / "state")
+    yield proc
+    proc.stop()
+
+
+def config(server, tmp_path, **overrides) -> grpo_loop.LoopConfig:
+    base = dict(servers=(server.url,), steps=2, prompts_per_step=2, samples_per_prompt=3, max_new_tokens=12,
+                lr=LR, out_dir=str(tmp_path / "run"), sync_initial=True)
+    return grpo_loop.LoopConfig(**{**base, **overrides})
+
+
+def test_two_steps_close_the_loop(server, model_dir, tmp_path):
+    model = load_plain(model_dir, attn="sdpa")
+    logs = grpo_loop.run_loop(config(server, tmp_path), model, CharTokenizer(), letter_variety, echo=lambda _: None)
+
+    assert [x.step for x in logs] == [1, 2]
+    assert logs[0].sampled_weight_versions == ("0",) and logs[1].sampled_weight_versions == ("1",)
+    assert [x.pushed_weight_version for x in logs] == ["1", "2"]
+    for x in logs:
+        assert x.schedules_served == (DEMO_SCHEDULE_NAME,) and x.samples == 6
+        assert x.kv_budget_tokens_mean < 60  # prompts alone are ~60 tokens: the decode was sparse
+        assert 0 < x.tis_mean and x.tis_max <= 2.0 + 1e-12 and 0 < x.acceptance_est <= 1
+        assert x.completion_tokens == 6 * 12 and x.rollout_tokens_per_s > 0 and x.grad_norm > 0
+    lines = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["policy-step-2"]
+
+    # The server now serves the trainer's weights: dense logprobs match a local forward, and differ
+    # from the initial model's.
+    prompt = [0, 5, 9, 17, 33, 2, 70, 11]
+    with SparrowClient(server.url) as client:
+        served = client.rollout(input_ids=prompt, schedule="dense", sampling_params={"max_new_tokens": 8, "seed": 3})
+    assert served.meta.weight_version == "2"
+    with torch.no_grad():
+        trained = teacher_forced_logprobs(model.eval(), prompt, served.token_ids)
+        initial = teacher_forced_logprobs(load_plain(model_dir), prompt, served.token_ids)
+    assert max(abs(a - b) for a, b in zip(served.logprobs, trained)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(served.logprobs, initial)) > 1e-3
+
+
+def test_generate_transport_and_dense_tis(server, model_dir, tmp_path):
+    """/generate (the router's route) with the schedule in custom_params; with the dense schedule the
+    trainer's dense logprobs equal the server's, so every TIS weight and acceptance is 1."""
+    cfg = config(server, tmp_path, via_router=server.url, schedule="dense", steps=1)
+    logs = grpo_loop.run_loop(cfg, load_plain(model_dir, attn="sdpa"), CharTokenizer(), letter_variety,
+                              echo=lambda _: None)
+    (x,) = logs
+    assert x.schedules_served == ("dense",) and x.sampled_weight_versions == ("0",)
+    assert abs(x.tis_mean - 1) < 1e-3 and abs(x.acceptance_est - 1) < 1e-3
+
+
+def test_distill_step_and_publish(server, model_dir, tmp_path):
+    pytest.importorskip("sparrow_server.distill")
+    cfg = config(server, tmp_path, steps=1, distill_every=1, distill_steps=1, publish=True)
+    (x,) = grpo_loop.run_loop(cfg, load_plain(model_dir, attn="sdpa"), CharTokenizer(), letter_variety,
+                              echo=lambda _: None)
+    assert x.distill_s > 0
+    assert (tmp_path / "run" / "adapters" / "distill-step-1" / "adapter_config.json").is_file()
+
+
+def test_advantages_and_reward():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    adv = group_advantages(rewards)
+    assert torch.allclose(adv[0], torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64), atol=1e-5)
+    assert torch.equal(adv[1], torch.zeros(4, dtype=torch.float64))  # no signal in a uniform group
+    problem = Problem("What is 17+25? Answer with the number.", 42)
+    assert exact_match_reward("17 + 25 = 42", problem) == 1.0
+    assert exact_match_reward("The answer is 41.", problem) == 0.0 and last_integer("none") is None
+
+
+def test_config_names_the_bad_field(tmp_path):
+    with pytest.raises(ValueError, match="samples_per_prompt = 1"):
+        grpo_loop.LoopConfig(servers=("http://x",), samples_per_prompt=1)
+    with pytest.raises(ValueError, match="servers"):
+        grpo_loop.LoopConfig(servers=())
