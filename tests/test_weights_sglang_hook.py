@@ -4,10 +4,12 @@ state of a freshly started server), whatever wrapper holds the backend; a refuse
 nothing. No SGLang needed."""
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import torch
 
+from helpers.tiny_models import save_tiny_model
 from sparrow_server.sglang_plugin import weight_sync
 
 
@@ -47,8 +49,33 @@ def test_refused_flush_changes_nothing():
     assert all(torch.equal(a, b) for a, b in zip(before, [t for b in backends for t in b.landmarks.values()]))
 
 
-def test_install_registers_an_after_hook_on_scheduler_flush_cache():
+def test_install_registers_the_flush_and_preflight_hooks():
     calls = []
     registry = SimpleNamespace(register=lambda target, hook, kind: calls.append((target, hook, kind)))
-    weight_sync.install(registry, SimpleNamespace(AFTER="after"))
-    assert calls == [("sglang.srt.managers.scheduler.Scheduler.flush_cache", weight_sync.after_flush_cache, "after")]
+    weight_sync.install(registry, SimpleNamespace(AFTER="after", AROUND="around"))
+    assert calls == [
+        ("sglang.srt.managers.scheduler.Scheduler.flush_cache", weight_sync.after_flush_cache, "after"),
+        ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
+         weight_sync.around_update_weights_from_disk, "around"),
+    ]
+
+
+def test_preflight_hook_refuses_another_architecture_before_sglang_loads(tmp_path):
+    serving, same = save_tiny_model(tmp_path / "a", seed=0), save_tiny_model(tmp_path / "b", seed=1)
+    wider = save_tiny_model(tmp_path / "wider", seed=0, intermediate_size=96)
+    forwarded = []
+
+    async def original(manager, obj, request=None):  # SGLang's method: (success, message, num_paused_requests)
+        forwarded.append(obj.model_path)
+        return True, "Succeeded to update model weights.", 0
+
+    def call(serving_path, new_path):
+        manager, obj = SimpleNamespace(model_path=str(serving_path)), SimpleNamespace(model_path=str(new_path))
+        return asyncio.run(weight_sync.around_update_weights_from_disk(original, manager, obj, None))
+
+    assert call(serving, same) == (True, "Succeeded to update model weights.", 0)
+    ok, message, paused = call(serving, wider)
+    assert not ok and "intermediate_size" in message and paused == 0
+    assert not call(serving, tmp_path / "missing")[0]
+    assert call("Qwen/Qwen3-0.6B", wider)[0]  # a hub id cannot be preflighted: SGLang decides
+    assert forwarded == [str(same), str(wider)]

@@ -9,19 +9,29 @@ of the scheduler's model runner, so after a flush the side cache is what a fresh
 has (all zeros) and no landmark computed with old weights can be scored again, whatever path
 (HiCache load-back, PD transfer) later fills a page without passing through the backend.
 
-The hook has to be registered before ``Scheduler.__init__`` (SGLang binds ``self.flush_cache``
+A second hook, AROUND ``TokenizerManager.update_weights_from_disk`` (main process), runs the
+checkpoint preflight (config.json + safetensors headers) against the serving checkpoint first:
+SGLang 0.5.17 loads into the live parameters and cannot roll back from a checkpoint of another
+shape, so such a request is answered ``success: false`` (HTTP 400) before SGLang touches a weight.
+
+The flush hook has to be registered before ``Scheduler.__init__`` (SGLang binds ``self.flush_cache``
 into ``SchedulerWeightUpdaterManager`` and ``SchedulerFlushWrapper`` there); hooks registered by
 the plug-in's ``register()`` are applied by ``load_plugins()`` at the start of
-``run_scheduler_process``, which is early enough. No SGLang import here (tested on CPU).
+``run_scheduler_process``, which is early enough. No SGLang import here (tested on CPU with stand-ins).
 """
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Iterator
+
+from sparrow_server.engine.checkpoint_preflight import preflight
+from sparrow_server.engine.weights import WeightLoadError
 
 logger = logging.getLogger(__name__)
 
 FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
+PREFLIGHT_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk"
 # Attributes of a model runner, and of wrapper backends (hybrid, TBO), that hold attention backends.
 RUNNER_BACKEND_ATTRS = ("attn_backend", "decode_attn_backend", "decode_attn_backend_group")
 NESTED_BACKEND_ATTRS = ("prefill_backend", "decode_backend", "full_attn_backend", "primary", "children")
@@ -72,9 +82,28 @@ def after_flush_cache(result: Any, scheduler: Any, *args: Any, **kwargs: Any) ->
     return None
 
 
+async def around_update_weights_from_disk(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any):
+    """AROUND hook of ``TokenizerManager.update_weights_from_disk``: refuse a checkpoint that does
+    not fit the served one in place with SGLang's failure tuple ``(False, message, 0)``. Skipped
+    (with a warning) when the serving model is not a local directory (a hub id)."""
+    serving = getattr(manager, "model_path", None)
+    if serving and Path(serving).is_dir():
+        try:
+            preflight(serving, obj.model_path)
+        except WeightLoadError as exc:
+            logger.warning("sparrow: refused weight update: %s", exc)
+            return False, str(exc), 0
+    else:
+        logger.warning("sparrow: serving model %r is not a local directory; weight update not preflighted", serving)
+    return await original(manager, obj, *args, **kwargs)
+
+
 def install(hook_registry: Any, hook_type: Any) -> None:
-    """Register the flush hook (call from the plug-in's ``register()``, next to ``hooks.install``)."""
+    """Register the flush and preflight hooks (call from the plug-in's ``register()``, next to
+    ``hooks.install``)."""
     hook_registry.register(FLUSH_TARGET, after_flush_cache, hook_type.AFTER)
+    hook_registry.register(PREFLIGHT_TARGET, around_update_weights_from_disk, hook_type.AROUND)
 
 
-__all__ = ["install", "after_flush_cache", "invalidate_landmarks", "sparrow_backends", "FLUSH_TARGET"]
+__all__ = ["install", "after_flush_cache", "around_update_weights_from_disk", "invalidate_landmarks", "sparrow_backends",
+           "FLUSH_TARGET", "PREFLIGHT_TARGET"]
