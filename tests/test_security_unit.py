@@ -74,6 +74,11 @@ def test_admin_requires_the_key(roots):
 def test_auth_is_checked_before_the_body(roots):
     client = mini_app(SecurityConfig(api_key=KEY, adapter_roots=(roots[0],)))
     assert client.post("/admin", content=b"{not json").status_code == 401
+    assert client.post("/admin", content=b"{not json", headers={"content-type": "application/json"}).status_code == 401
+    assert client.post("/admin", json=[1], headers=bearer(KEY)).status_code == 422
+    form = {"content-type": "multipart/form-data; boundary=x"}  # unparseable: FastAPI's 400 before dependencies
+    assert client.post("/admin", content=b"--x\r\nbad", headers=form).status_code == 401
+    assert client.get("/admin").status_code == 405 and client.post("/nowhere").status_code == 404
     assert client.post("/admin", json={"path": "../secret"}).status_code == 401  # 401, not 403: auth first
 
 

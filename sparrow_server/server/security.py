@@ -31,13 +31,17 @@ With no roots configured every client-given path is refused.
 from __future__ import annotations
 
 import hmac
+from http import HTTPStatus
 import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sparrow_server.server.errors import error_response
 
@@ -173,11 +177,52 @@ async def _path_error(request: Request, exc: PathNotAllowedError) -> JSONRespons
     return error_response(403, "path_not_allowed", str(exc), field=exc.field, value=exc.path)
 
 
+def _route_auth_checks(request: Request) -> list:
+    """The auth dependencies of the route a request matched (FastAPI puts the route in the scope)."""
+    route = request.scope.get("route")
+    if request.method not in (getattr(route, "methods", None) or ()):
+        return []  # a wrong-method match (405) or no route
+    dependant = getattr(route, "dependant", None)
+    calls = [d.call for d in getattr(dependant, "dependencies", ())]
+    return [c for c in (require_admin, require_rollout_auth) if c in calls]
+
+
+def _auth_before_validation(handler):
+    """FastAPI parses the body before it runs dependencies: answer 401, not 400/422, to an
+    unauthenticated request with a malformed body."""
+
+    async def validation_error(request: Request, exc: Exception):
+        try:
+            for check in _route_auth_checks(request):
+                await check(request)
+        except AuthError as auth:
+            return await _auth_error(request, auth)
+        return await handler(request, exc)
+
+    return validation_error
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException):
+    """Starlette/FastAPI's own HTTP errors (404, 405, 400 on an unreadable body) in the service's error shape."""
+    if exc.status_code < 400 or exc.status_code in (204, 304):
+        return await http_exception_handler(request, exc)
+    response = error_response(exc.status_code, HTTPStatus(exc.status_code).phrase.lower().replace(" ", "_"), str(exc.detail))
+    response.headers.update(exc.headers or {})
+    return response
+
+
 def install_security(app: FastAPI, config: SecurityConfig | None = None) -> None:
-    """Store the config where the dependencies read it and map the errors to 401/403."""
+    """Store the config where the dependencies read it and map the errors to 401/403 (call it
+    after the app's own ``RequestValidationError`` handler is installed)."""
     app.state.security = config or SecurityConfig()
     app.add_exception_handler(AuthError, _auth_error)
     app.add_exception_handler(PathNotAllowedError, _path_error)
+    validation = app.exception_handlers.get(RequestValidationError, request_validation_exception_handler)
+    app.add_exception_handler(RequestValidationError, _auth_before_validation(validation))
+    http_error = app.exception_handlers.get(StarletteHTTPException, http_exception_handler)
+    if http_error is http_exception_handler:  # FastAPI's default: use this service's error shape
+        http_error = _http_error
+    app.add_exception_handler(StarletteHTTPException, _auth_before_validation(http_error))
 
 
 __all__ = [
