@@ -209,6 +209,9 @@ def test_admission_errors(engine):
     with pytest.raises(ContextLengthError):  # fits the context but not this small pool
         make_engine_small = ReferenceEngine(engine.runner.model, None, "tiny", kv_pool_tokens=64)
         make_engine_small.validate(req("p", max_new=10))
+    with pytest.raises(InvalidRequestError) as st:  # stop strings need a tokenizer
+        engine.validate(GenerationRequest(rid="st", input_ids=PROMPT, sampling=SamplingParams(stop=("x",))))
+    assert st.value.field == "sampling_params.stop"
     with pytest.raises(UnknownAdapterError):
         engine.validate(req("a", adapter="nope"))
     with pytest.raises(InvalidRequestError):

@@ -21,9 +21,10 @@ def client(tmp_path_factory):
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     model_dir = save_tiny_model(tmp_path_factory.mktemp("model"))
-    engine = ReferenceEngine(load_plain(model_dir, "sdpa"), None, "tiny", kv_pool_tokens=4096)
+    tokenizer = CharTokenizer()
+    engine = ReferenceEngine(load_plain(model_dir, "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
     schedules = ScheduleRegistry.load(persist_dir=tmp_path_factory.mktemp("state") / "schedules")
-    app = create_app(engine, schedules, tokenizer=CharTokenizer())
+    app = create_app(engine, schedules, tokenizer=tokenizer)
     with TestClient(app) as c:
         yield c
     torch.set_num_threads(previous)
@@ -159,7 +160,7 @@ def test_other_bad_inputs_422(client):
     assert error(rollout(client, input_ids=None), 422)["field"] == "input_ids"  # neither
     assert error(rollout(client, top_logprobs=21), 422)["field"] == "top_logprobs"
     assert error(rollout(client, n=0), 422)["field"] == "n"
-    assert error(rollout(client, sampling_params={"stop": ["x"]}), 422)["field"] == "sampling_params.stop"
+    assert error(rollout(client, sampling_params={"stop": [""]}), 422)["field"] == "sampling_params.stop[0]"
     assert error(rollout(client, unknown_field=1), 422)["field"] == "unknown_field"
     assert error(rollout(client, sampling_params={"frequency_penalty": 0.5}), 422)["field"] == "sampling_params.frequency_penalty"
 
@@ -197,3 +198,15 @@ def test_incremental_text_never_splits_characters():
     deltas = [decoder.delta(ids[: i + 1]) for i in range(len(ids))]
     assert "".join(deltas) == text and all("\ufffd" not in d for d in deltas)
     assert TextDecoder(None).delta([1, 2]) is None
+
+
+def test_stop_strings(client):
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    full = rollout(client, sampling_params=params).json()
+    decode = CharTokenizer().decode
+    stop = full["text"][4:6]
+    end = next(i for i in range(1, 13) if stop in decode(full["token_ids"][:i]))
+    for value in (stop, [stop, "zzzzzzzz"]):
+        out = rollout(client, sampling_params={**params, "stop": value}).json()
+        assert out["meta"]["finish_reason"] == {"type": "stop", "matched": stop}
+        assert out["token_ids"] == full["token_ids"][:end]

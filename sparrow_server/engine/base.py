@@ -77,6 +77,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    stop: tuple[str, ...] = ()  # stop strings (matched on the detokenised completion)
 
     def __post_init__(self) -> None:
         _validate_sampling(self)
@@ -107,6 +108,9 @@ def _validate_sampling(p: SamplingParams) -> None:
         raise bad("min_p", p.min_p, "must be in [0, 1]")
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int) or p.seed < 0):
         raise bad("seed", p.seed, "must be a non-negative integer")
+    for i, text in enumerate(p.stop):
+        if not isinstance(text, str) or not text:
+            raise bad(f"stop[{i}]", text, "must be a non-empty string")
     for i, t in enumerate(p.stop_token_ids):
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise bad(f"stop_token_ids[{i}]", t, "must be a non-negative integer")

@@ -62,13 +62,12 @@ class SamplingParamsIn(BaseModel):
             value = getattr(self, key)
             if value != neutral:
                 raise InvalidRequestError(f"sampling_params.{key}", value, f"is not supported by this server (only {neutral!r})")
-        if self.stop:
-            raise InvalidRequestError("sampling_params.stop", self.stop, "stop strings are not supported; use stop_token_ids")
         seed = self.seed if self.seed is not None else self.sampling_seed
         return SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, seed=None if seed is None else seed + sample_index,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
         )
 
 

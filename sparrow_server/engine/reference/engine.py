@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 DEFAULT_KV_POOL_TOKENS = 65536
 DEFAULT_MAX_BATCH_SIZE = 32
 ENGINE_NAME = "reference"
+STOP_WINDOW_SLACK = 4  # extra tokens decoded past the longest stop string (tokens of 0 whole characters)
 
 
 @dataclass
@@ -163,6 +164,9 @@ class ReferenceEngine(Engine):
         if schedule.page_size != self.cache.page_size:
             raise InvalidRequestError("schedule.page_size", schedule.page_size,
                                       f"this engine's pages hold {self.cache.page_size} tokens")
+        if request.sampling.stop and self.tokenizer is None:
+            raise InvalidRequestError("sampling_params.stop", list(request.sampling.stop),
+                                      "stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if request.top_logprobs > self.vocab_size:
             raise InvalidRequestError("top_logprobs", request.top_logprobs, f"exceeds the vocabulary ({self.vocab_size})")
         self.resolve_adapter(request.adapter)
@@ -299,9 +303,22 @@ class ReferenceEngine(Engine):
         params = seq.request.sampling
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return FinishReason("stop", matched=token)
+        matched = self._matched_stop_string(seq)
+        if matched is not None:
+            return FinishReason("stop", matched=matched)
         if len(seq.output) >= params.max_new_tokens:
             return FinishReason("length", length=params.max_new_tokens)
         return None
+
+    def _matched_stop_string(self, seq: _Sequence) -> str | None:
+        """A stop string that the newest token completed. Checked every step, so only a window of the
+        last tokens (longer than any stop string) is decoded."""
+        stops = seq.request.sampling.stop
+        if not stops or self.tokenizer is None:
+            return None
+        window = max(len(s) for s in stops) + STOP_WINDOW_SLACK
+        tail = self.tokenizer.decode(seq.output[-window:], skip_special_tokens=False)
+        return next((s for s in stops if s in tail), None)
 
     def _finish(self, seq: _Sequence, reason: FinishReason, token_ids, logprobs, extra: dict | None = None) -> None:
         """Send the last chunk, free the pages and forget the request."""
