@@ -88,6 +88,9 @@ class DenseVerifier:
     """Samples finished rollouts and scores them on a background thread (see the module docstring).
 
     ``scorer``: an ``HFScorer`` (or anything with its ``exact`` and ``dense_topk`` methods).
+    ``record_topk``: how many sparse top logprobs the engine records per token for a verified
+    request (>= 20 for the top-k lower bound, as the paper's trainer); 0 when the scorer
+    recomputes the sparse side exactly (reference engine), so nothing is recorded.
     """
 
     def __init__(self, scorer: Any, metrics: AcceptanceMetrics | None = None,
@@ -95,8 +98,8 @@ class DenseVerifier:
                  max_pending: int = DEFAULT_MAX_PENDING, seed: int | None = None):
         if not 0.0 <= sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction = {sample_fraction!r}: must be in [0, 1]")
-        if record_topk < 1:
-            raise ValueError(f"record_topk = {record_topk!r}: must be >= 1")
+        if record_topk < 0:
+            raise ValueError(f"record_topk = {record_topk!r}: must be >= 0 (0: exact, nothing recorded)")
         if max_pending < 1:
             raise ValueError(f"max_pending = {max_pending!r}: must be >= 1")
         self.scorer = scorer
