@@ -14,6 +14,8 @@ from fastapi import Body, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from sparrow_server.engine.base import Engine
+from sparrow_server.monitor.service_hooks import build_verifier
+from sparrow_server.monitor.verifier import DEFAULT_SAMPLE_FRACTION
 from sparrow_server.server import formats
 from sparrow_server.server.admission import (
     GuardedStreamingResponse,
@@ -42,10 +44,12 @@ SSE = "text/event-stream"
 
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
                tokenizer: Any | None = None, metrics: ServiceMetrics | None = None,
-               security: SecurityConfig | None = None, limits: Limits | None = None) -> FastAPI:
+               security: SecurityConfig | None = None, limits: Limits | None = None,
+               verify_fraction: float = DEFAULT_SAMPLE_FRACTION) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
     service = RolloutService(engine, schedules, metrics or ServiceMetrics(), default_schedule, tokenizer)
+    service.verifier = build_verifier(engine, service.metrics.acceptance, verify_fraction)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -54,6 +58,8 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
             yield
         finally:
             await engine.shutdown()
+            if service.verifier is not None:
+                service.verifier.close(wait=False)
 
     app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan)
     app.state.service = service

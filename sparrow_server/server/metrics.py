@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from sparrow_server.monitor.metrics import AcceptanceMetrics
 from sparrow_server.engine.base import EngineHealth, GenerationChunk
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -29,6 +30,7 @@ class ServiceMetrics:
                                    ["schedule"], buckets=KV_BUDGET_BUCKETS, registry=r)
         self.adapter_inflight = Gauge("sparrow_adapter_inflight_requests", "In-flight requests per adapter version",
                                       ["adapter"], registry=r)
+        self.acceptance = AcceptanceMetrics(r)  # tail mismatch (dense verification)
         self.weight_version = Gauge("sparrow_weight_version_info", "1 for the weights being served", ["weight_version"], registry=r)
 
     def observe_chunk(self, schedule: str, chunk: GenerationChunk) -> None:

@@ -16,6 +16,7 @@ from sparrow_server.engine.base import (
     GenerationRequest,
     InvalidRequestError,
 )
+from sparrow_server.monitor import service_hooks
 from sparrow_server.server.api_models import SamplingParamsIn, check_n
 from sparrow_server.server.metrics import ServiceMetrics
 from sparrow_server.sparsity.registry import ScheduleRegistry
@@ -41,6 +42,7 @@ class SampleResult:
     adapter: str | None = None
     weight_version: str = ""
     first_token_at: float | None = None
+    verification: dict[str, Any] | None = None  # acceptance_p5/mean for meta (monitor.service_hooks)
 
     def add(self, chunk: GenerationChunk) -> None:
         self.token_ids.extend(chunk.token_ids)
@@ -69,6 +71,7 @@ class Rollout:
     schedule: Schedule
     requests: tuple[GenerationRequest, ...]
     started: float
+    verify_requested: bool = False  # the client asked for dense verification
 
 
 class TextDecoder:
@@ -98,6 +101,7 @@ class RolloutService:
     def __init__(self, engine: Engine, schedules: ScheduleRegistry, metrics: ServiceMetrics,
                  default_schedule: str = DENSE_SCHEDULE_NAME, tokenizer: Any | None = None):
         self.engine = engine
+        self.verifier = None  # a monitor DenseVerifier, set by create_app
         self.schedules = schedules
         self.metrics = metrics
         self.default_schedule = default_schedule
@@ -128,14 +132,16 @@ class RolloutService:
         schedule = self.resolve_schedule(schedule_name)
         check_n(n)
         rid = rid or uuid.uuid4().hex
+        verify_requested = bool(flags.pop("verify", False))
         requests = tuple(
             GenerationRequest(rid=rid if n == 1 else f"{rid}-{i}", input_ids=input_ids, sampling=sampling.to_engine(i),
-                              schedule=schedule, adapter=adapter, top_logprobs=top_logprobs, **flags)
+                              schedule=schedule, adapter=adapter, top_logprobs=top_logprobs, **flags,
+                              **service_hooks.request_flags(self.verifier, verify_requested))
             for i in range(n)
         )
         for request in requests:
             self.engine.validate(request)
-        return Rollout(endpoint, rid, schedule, requests, time.monotonic())
+        return Rollout(endpoint, rid, schedule, requests, time.monotonic(), verify_requested)
 
     async def stream(self, rollout: Rollout) -> AsyncIterator[tuple[SampleResult, GenerationChunk, str | None]]:
         """Merged chunks of every sample: (accumulated sample, new chunk, text delta or None)."""
@@ -152,6 +158,9 @@ class RolloutService:
                     sample.first_token_at = time.monotonic()
                     self.metrics.ttft.labels(rollout.endpoint).observe(sample.first_token_at - rollout.started)
                 sample.add(chunk)
+                if chunk.finish is not None:  # dense verification (waits only when the client asked)
+                    sample.verification = await service_hooks.on_finished(
+                        self.verifier, rollout.requests[i], rollout.schedule, sample, rollout.verify_requested)
                 delta = decoders[i].delta(sample.token_ids)
                 if delta is not None:
                     sample.text += delta
