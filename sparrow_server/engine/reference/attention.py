@@ -53,11 +53,23 @@ class ForwardContext:
     selections: list[dict[int, tuple[tuple[int, ...], ...] | None]] = field(default_factory=list)
     _page_index: Tensor | None = None
     _sparse_budget: Tensor | None = None
+    _slots: tuple[Tensor, Tensor] | None = None
 
     def page_index(self) -> Tensor:
         if self._page_index is None:
             self._page_index = padded_page_index(self.tables, self.lengths.device)
         return self._page_index
+
+    def decode_slots(self) -> tuple[Tensor, Tensor]:
+        """(page id, offset) of each row's new token, [B] each (the same at every layer)."""
+        if self._slots is None:
+            ps = self.cache.page_size
+            positions = (self.lengths - 1).tolist()
+            pages = [t.pages[p // ps] for t, p in zip(self.tables, positions)]
+            device = self.lengths.device
+            self._slots = (torch.tensor(pages, dtype=torch.long, device=device),
+                           torch.tensor([p % ps for p in positions], dtype=torch.long, device=device))
+        return self._slots
 
     def sparse_budget(self) -> Tensor:
         """[B] budget in pages of each row at a sparse layer."""
@@ -110,10 +122,7 @@ def _prefill(ctx: ForwardContext, layer: int, q: Tensor, k: Tensor, v: Tensor, s
 def _decode(ctx: ForwardContext, layer: int, q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
     cache = ctx.cache
     b, hkv = k.shape[0], k.shape[1]
-    positions = ctx.lengths - 1
-    slots = [cache.slots(t, positions[i : i + 1]) for i, t in enumerate(ctx.tables)]
-    pages = torch.cat([s[0] for s in slots])
-    offsets = torch.cat([s[1] for s in slots])
+    pages, offsets = ctx.decode_slots()
     cache.write(layer, pages, offsets, k[:, :, 0], v[:, :, 0])
     cache.update_landmarks(layer, pages[ctx.lengths % cache.page_size == 0])
     page_index = ctx.page_index()
