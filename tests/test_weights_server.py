@@ -19,7 +19,7 @@ from sparrow_server.client.weights import FleetError, pause, resume, update_weig
 from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
-from sparrow_server.server.security import SecurityConfig, install_security
+from sparrow_server.server.security import SecurityConfig
 
 PROMPT = [(i * 7 + 3) % (TINY_VOCAB - 1) for i in range(100)]  # 7 pages
 GREEDY = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
@@ -175,8 +175,7 @@ def test_pause_in_place_and_continue_over_http(servers):
 
 def test_weight_routes_validate_and_require_admin(ckpt):
     engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), None, "tiny", kv_pool_tokens=1024)
-    app = create_app(engine)
-    install_security(app, SecurityConfig(api_key="secret"))
+    app = create_app(engine, security=SecurityConfig(api_key="secret"))
     with TestClient(app) as http:
         assert http.post("/pause_generation", json={"mode": "abort"}).status_code == 401
         assert http.post("/update_weights_from_disk", json={"model_path": str(ckpt["b"])}).status_code == 401
