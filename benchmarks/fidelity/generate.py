@@ -5,6 +5,10 @@ every rollout reaches ``--new-tokens``), all prompts in one left-padded batch. T
 every sparse configuration is then measured on these same token sequences (``score.py``).
 
     python benchmarks/fidelity/generate.py --out /tmp/fidelity --per-kind 3 --new-tokens 320
+    python benchmarks/fidelity/generate.py --out /tmp/fidelity-long --continue-from /tmp/fidelity --new-tokens 640
+
+``--continue-from`` extends earlier rollouts (same sampling, a fresh seed): the result is a sample
+of the longer length, since dense sampling is sequential.
 """
 from __future__ import annotations
 
@@ -40,16 +44,21 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=320)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--continue-from", type=Path, default=None, help="a previous --out folder to extend")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from sparrow_server.models import load_model
 
     loaded = load_model(None)
     model, tok = loaded.model, loaded.tokenizer
-    rows = select_prompts(args.prompts, args.per_kind)
-    prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                       tokenize=True, return_dict=False) for r in rows]
-    prompts = [list(p["input_ids"] if isinstance(p, dict) else p) for p in prompts]
+    if args.continue_from is not None:
+        rows = [json.loads(line) for line in (args.continue_from / "rollouts.jsonl").read_text().splitlines()]
+        prompts = [r["prompt_ids"] + r["completion_ids"] for r in rows]
+    else:
+        rows = select_prompts(args.prompts, args.per_kind)
+        prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False) for r in rows]
+        prompts = [list(p["input_ids"] if isinstance(p, dict) else p) for p in prompts]
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -65,11 +74,15 @@ def main() -> None:
     elapsed = time.time() - start
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "rollouts.jsonl", "w") as f:
-        for row, prompt, seq in zip(rows, prompts, out):
-            completion = seq[width:].tolist()
-            f.write(json.dumps({**row, "prompt_ids": prompt, "completion_ids": completion}) + "\n")
+        for row, prefix, seq in zip(rows, prompts, out):
+            if args.continue_from is not None:
+                row = {**row, "completion_ids": row["completion_ids"] + seq[width:].tolist()}
+            else:
+                row = {**row, "prompt_ids": prefix, "completion_ids": seq[width:].tolist()}
+            f.write(json.dumps(row) + "\n")
     meta = {"model": loaded.name, "sampling": "dense, T=1, no top-k/top-p, EOS suppressed", "seed": args.seed,
             "sequences": len(rows), "new_tokens": args.new_tokens, "generate_s": round(elapsed, 1),
+            "continued_from": str(args.continue_from) if args.continue_from else None,
             "threads": args.threads, "suppressed_token_ids": suppress}
     (args.out / "rollouts_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     print(json.dumps(meta))
