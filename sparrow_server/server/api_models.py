@@ -19,6 +19,8 @@ from sparrow_server.engine.base import (
 
 MAX_N = 64
 SCHEDULE_CUSTOM_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
+# /generate ``extra_key`` naming the schedule: the router keeps ``extra_key`` but drops custom_params.
+SCHEDULE_EXTRA_KEY_PREFIX = "sparrow_schedule="
 # SGLang sampling keys accepted only at their neutral value (this engine does not implement them).
 NEUTRAL_SAMPLING = {
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
@@ -105,13 +107,24 @@ class GenerateIn(BaseModel):
     stream: bool = False
     rid: str | None = None
     return_text_in_logprobs: bool = False
+    extra_key: str | None = None  # SGLang's cache salt; ``sparrow_schedule=NAME`` also names the schedule
 
     def schedule_name(self) -> str | None:
+        """``custom_params.sparrow_schedule``, else ``extra_key`` = ``sparrow_schedule=NAME``, else None (default)."""
         params = self.sampling_params.custom_params or {}
         value = params.get(SCHEDULE_CUSTOM_PARAM)
         if value is not None and not isinstance(value, str):
             raise InvalidRequestError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM}", value, "must be a schedule name")
-        return value
+        return value if value is not None else self.extra_key_schedule()
+
+    def extra_key_schedule(self) -> str | None:
+        """The schedule named by ``extra_key`` (other extra keys are only cache salts: None)."""
+        if self.extra_key is None or not self.extra_key.startswith(SCHEDULE_EXTRA_KEY_PREFIX):
+            return None
+        name = self.extra_key[len(SCHEDULE_EXTRA_KEY_PREFIX):]
+        if not name:
+            raise InvalidRequestError("extra_key", self.extra_key, f"names no schedule (expected {SCHEDULE_EXTRA_KEY_PREFIX}NAME)")
+        return name
 
 
 class AbortIn(BaseModel):

@@ -213,10 +213,12 @@ def _ops_routes(app: FastAPI, service: RolloutService) -> None:
         return {**info.__dict__, "eos_token_ids": list(info.eos_token_ids), "default_schedule": service.default_schedule,
                 "adapters": list(engine.adapters()), "has_tokenizer": service.tokenizer is not None}
 
-    @app.get("/get_model_info")
-    async def get_model_info():
+    @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's deprecated alias; the router falls back to it
+    async def model_info():
         info = engine.info()
-        return {"model_path": info.model_name, "is_generation": True, "weight_version": info.weight_version}
+        return {"model_path": info.model_name, "tokenizer_path": info.model_name if service.tokenizer else None,
+                "is_generation": True, "weight_version": info.weight_version}
 
     @app.get("/get_weight_version")
     async def get_weight_version():

@@ -90,7 +90,7 @@ def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, 
         "cached_tokens": 0,
         "weight_version": sample.weight_version,
         "e2e_latency": elapsed_s,
-        "sparrow": {"schedule": rollout.schedule.name, "adapter": sample.adapter,
+        "sparrow": {"schedule": rollout.schedule.name, "schedule_id": rollout.schedule.id, "adapter": sample.adapter,
                     "kv_budget_tokens_mean": sample.kv_budget_tokens_mean},
     }
     if return_logprob:
