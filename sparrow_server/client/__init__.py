@@ -2,7 +2,7 @@
 streaming iterators, a concurrency-limited batch helper with retries (idempotent by ``rid``),
 typed results, and the importance-weight / acceptance helpers."""
 from sparrow_server.client.aio import AsyncSparrowClient
-from sparrow_server.client.common import RetryPolicy, rollout_payload
+from sparrow_server.client.common import RetryPolicy, generate_payload, rollout_payload
 from sparrow_server.client.helpers import acceptance_estimate, sampled_acceptance, truncated_importance_weights
 from sparrow_server.client.sync import SparrowClient
 from sparrow_server.client.types import (
@@ -11,7 +11,7 @@ from sparrow_server.client.types import (
 
 __all__ = [
     "SparrowClient", "AsyncSparrowClient", "RetryPolicy", "RolloutEvent", "RolloutMeta", "RolloutResult",
-    "SparrowError", "rollout_payload", "results_from_events", "results_from_json", "truncated_importance_weights",
+    "SparrowError", "generate_payload", "rollout_payload", "results_from_events", "results_from_json", "truncated_importance_weights",
     "sampled_acceptance", "acceptance_estimate",
 ]
 

@@ -8,7 +8,7 @@ import httpx
 
 from sparrow_server.client.common import (
     DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, DEFAULT_URL, NDJSON, RETRYABLE_ERRORS, RETRYABLE_STATUS, RetryPolicy,
-    parse_stream_line, raise_for_status, rollout_payload,
+    generate_payload, parse_stream_line, raise_for_status, rollout_payload,
 )
 from sparrow_server.client.types import RolloutEvent, RolloutResult, SparrowError, results_from_json
 
@@ -78,9 +78,9 @@ class AsyncSparrowClient:
 
         return await asyncio.gather(*(one(dict(r)) for r in requests), return_exceptions=return_exceptions)
 
-    async def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """SGLang ``/generate`` (non-streaming)."""
-        return await self._request("POST", "/generate", {**payload, "stream": False})
+    async def generate(self, payload: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+        """SGLang ``/generate`` (non-streaming), schedule sent so that it survives the router (``generate_payload``)."""
+        return await self._request("POST", "/generate", generate_payload(payload, schedule))
 
     async def schedules(self) -> dict[str, Any]:
         return await self._request("GET", "/schedules")

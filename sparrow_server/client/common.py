@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 
 from sparrow_server.client.types import SparrowError
+from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_TIMEOUT_S = 600.0
@@ -18,7 +19,9 @@ DEFAULT_CONCURRENCY = 8
 NDJSON = "application/x-ndjson"
 # Connection failures (nothing or an incomplete answer came back): safe to resend with the same rid.
 RETRYABLE_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-RETRYABLE_STATUS = (409, 503)  # 409: the previous attempt with this rid is still being aborted
+# 409: the previous attempt with this rid is still being aborted; 408/429/5xx: what SGLang's router
+# retries on another worker (it answers with one once its own retries are spent, or a server is full).
+RETRYABLE_STATUS = (408, 409, 429, 500, 502, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,30 @@ def rollout_payload(input_ids: list[int] | None = None, text: str | None = None,
         body["schedule"] = schedule
     if adapter is not None:
         body["adapter"] = adapter
+    return body
+
+
+def generate_payload(payload: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+    """A non-streaming ``/generate`` body that works on a server and through SGLang's router: a ``rid``
+    is always set (idempotent retries), and the schedule (``schedule``, else the payload's
+    ``custom_params.sparrow_schedule``) goes both in ``sampling_params.custom_params``, which a
+    server reads, and in ``extra_key`` as ``sparrow_schedule=NAME``, the only one the router keeps."""
+    body: dict[str, Any] = {**payload, "stream": False}
+    body["rid"] = body.get("rid") or uuid.uuid4().hex
+    sampling = dict(body.get("sampling_params") or {})
+    custom = dict(sampling.get("custom_params") or {})
+    named = custom.get(SCHEDULE_CUSTOM_PARAM)
+    if schedule is None and named is None:
+        return body
+    if schedule is not None and named not in (None, schedule):
+        raise ValueError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM} = {named!r}: differs from schedule={schedule!r}")
+    schedule = schedule if schedule is not None else named
+    key = SCHEDULE_EXTRA_KEY_PREFIX + schedule
+    if body.get("extra_key") not in (None, key):
+        raise ValueError(f"extra_key = {body['extra_key']!r}: would be replaced by {key!r} (the schedule for the router)")
+    custom[SCHEDULE_CUSTOM_PARAM] = schedule
+    body["sampling_params"] = {**sampling, "custom_params": custom}
+    body["extra_key"] = key
     return body
 
 

@@ -9,7 +9,7 @@ import httpx
 
 from sparrow_server.client.common import (
     DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, DEFAULT_URL, NDJSON, RETRYABLE_ERRORS, RETRYABLE_STATUS, RetryPolicy,
-    parse_stream_line, raise_for_status, rollout_payload,
+    generate_payload, parse_stream_line, raise_for_status, rollout_payload,
 )
 from sparrow_server.client.types import RolloutEvent, RolloutResult, results_from_events, results_from_json
 
@@ -74,8 +74,9 @@ class SparrowClient:
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             return list(pool.map(lambda kwargs: self.rollout(**kwargs), [dict(r) for r in requests]))
 
-    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/generate", {**payload, "stream": False})
+    def generate(self, payload: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
+        """SGLang ``/generate`` (non-streaming), schedule sent so that it survives the router (``generate_payload``)."""
+        return self._request("POST", "/generate", generate_payload(payload, schedule))
 
     def schedules(self) -> dict[str, Any]:
         return self._request("GET", "/schedules")
