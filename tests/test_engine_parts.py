@@ -94,3 +94,9 @@ def test_lora_adapter_per_request(tmp_path):
     expected = teacher_forced_logprobs(adapted, prompt, with_adapter.tokens)
     assert max(abs(x - y) for x, y in zip(with_adapter.logprobs, expected)) < 1e-4
     assert with_adapter.logprobs != base.logprobs
+
+
+def test_sliding_window_models_are_refused():
+    model = tiny_model("qwen3", use_sliding_window=True, sliding_window=32, max_window_layers=1)
+    with pytest.raises(ValueError, match="sliding"):
+        ReferenceEngine(model, None, "tiny", kv_pool_tokens=256)

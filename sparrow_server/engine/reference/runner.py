@@ -17,6 +17,10 @@ PEFT_BASE = "__base__"  # peft's adapter name for "no adapter" in a mixed batch
 
 class ModelRunner:
     def __init__(self, model: Any):
+        layer_types = getattr(model.config, "layer_types", None) or ()
+        if any(t != "full_attention" for t in layer_types):
+            raise ValueError(f"model layer_types {sorted(set(layer_types))}: the reference engine supports full-attention "
+                             "layers only (no sliding window)")
         self.model = model
         name = register_attention()
         model.set_attn_implementation(name)
