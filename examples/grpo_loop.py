@@ -107,6 +107,8 @@ class StepLog:
     kv_budget_tokens_mean: float | None
     adapter: str | None = None
     distill_s: float = 0.0
+    example: str = ""  # the first prompt's question and first completion
+
 
     def line(self) -> str:
         return (f"step {self.step} | reward {self.reward_mean:.3f} ({self.correct}/{self.samples}) | "
@@ -115,7 +117,7 @@ class StepLog:
                 f"{self.rollout_tokens_per_s:.1f} tok/s | train {self.train_s:.1f} s | sync {self.sync_s:.1f} s | "
                 f"sampled w={','.join(self.sampled_weight_versions)} -> pushed w={self.pushed_weight_version} | "
                 f"schedule {','.join(self.schedules_served)} (kv {self.kv_budget_tokens_mean or 0:.0f})"
-                + (f" | adapter {self.adapter}" if self.adapter else ""))
+                + (f" | adapter {self.adapter}" if self.adapter else "") + f"\n  e.g. {self.example}")
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -146,12 +148,14 @@ class GRPOLoop:
     def close(self) -> None:
         self.sampler.close()
 
-    def rewards(self, problems: Sequence[Problem], samples: Sequence[Sample]) -> torch.Tensor:
+    def completions(self, samples: Sequence[Sample]) -> list[str]:
+        return [self.tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
+
+    def rewards(self, problems: Sequence[Problem], samples: Sequence[Sample], texts: Sequence[str]) -> torch.Tensor:
         """[P, n] rewards; ``samples`` are grouped by prompt, in prompt order."""
         n = self.config.samples_per_prompt
         assert len(samples) == len(problems) * n, "every prompt must have n samples"
-        values = [self.reward(self.tokenizer.decode(list(s.token_ids), skip_special_tokens=True), problems[s.prompt_index])
-                  for s in samples]
+        values = [self.reward(text, problems[s.prompt_index]) for s, text in zip(samples, texts)]
         return torch.tensor(values, dtype=torch.float64).reshape(len(problems), n)
 
     def step(self, step: int) -> StepLog:
@@ -162,7 +166,8 @@ class GRPOLoop:
         t0 = time.monotonic()
         samples = self.sampler.sample(prompts, settings)
         t1 = time.monotonic()
-        rewards = self.rewards(problems, samples)
+        texts = self.completions(samples)
+        rewards = self.rewards(problems, samples, texts)
         advantages = group_advantages(rewards).flatten().tolist()
         update = policy_update(self.model, self.optimizer, samples, advantages, self.objective)
         t2 = time.monotonic()
@@ -171,7 +176,8 @@ class GRPOLoop:
         self.push(step)
         adapter = self._maybe_publish(step, adapter_dir)
         t4 = time.monotonic()
-        return self._log(step, samples, rewards, update, t1 - t0, t2 - t1, t4 - t3, distill_s, adapter)
+        example = f"{problems[0].question!r} -> {texts[0]!r} (reward {float(rewards[0, 0]):g})"
+        return self._log(step, samples, rewards, update, t1 - t0, t2 - t1, t4 - t3, distill_s, adapter, example)
 
     def push(self, version: int) -> None:
         """Save the policy and load it on every server as weight version ``version``."""
@@ -199,7 +205,7 @@ class GRPOLoop:
         self.sampler.adapter = alias
         return alias
 
-    def _log(self, step, samples, rewards, update, rollout_s, train_s, sync_s, distill_s, adapter) -> StepLog:
+    def _log(self, step, samples, rewards, update, rollout_s, train_s, sync_s, distill_s, adapter, example) -> StepLog:
         dense = [torch.tensor(d, dtype=torch.float64) for d in update.dense_logprobs]
         tis = torch.cat([importance_weights(d, s, self.config.tis_cap) for d, s in zip(dense, samples)])
         acc = torch.cat([acceptance(d, s) for d, s in zip(dense, samples)])
@@ -213,6 +219,7 @@ class GRPOLoop:
             sampled_weight_versions=tuple(sorted({s.weight_version for s in samples})), pushed_weight_version=str(step),
             schedules_served=tuple(sorted({s.schedule for s in samples})),
             kv_budget_tokens_mean=_mean(budgets) if budgets else None, adapter=adapter, distill_s=distill_s,
+            example=example,
         )
 
 

@@ -109,3 +109,22 @@ def test_config_names_the_bad_field(tmp_path):
         grpo_loop.LoopConfig(servers=("http://x",), samples_per_prompt=1)
     with pytest.raises(ValueError, match="servers"):
         grpo_loop.LoopConfig(servers=())
+
+
+def test_batched_dense_logprobs_match_per_sequence_forward():
+    """Right-padded batch forward = ``dense_logits`` of each sequence alone (float64 model)."""
+    from grpo.objective import sampled_token_logprobs
+    from grpo.sampling import Sample
+    from helpers.tiny_models import tiny_model
+    from sparrow_server.modeling.sparse_forward import dense_logits
+
+    model = tiny_model().double()
+    samples = [Sample(0, tuple(range(1, 1 + p)), tuple(range(40, 40 + g)), (0.0,) * g, "dense", None, "0", None)
+               for p, g in ((5, 7), (12, 3), (3, 20))]
+    with torch.no_grad():
+        batched = sampled_token_logprobs(model, samples, temperature=0.7)
+        for x, got in zip(samples, batched):
+            ids = torch.tensor(x.prompt_ids + x.token_ids)
+            rows = torch.log_softmax(dense_logits(model, ids).double()[len(x.prompt_ids) - 1: -1] / 0.7, dim=-1)
+            want = rows.gather(1, ids[len(x.prompt_ids):, None])[:, 0]
+            assert torch.allclose(got.double(), want, atol=1e-5)

@@ -6,8 +6,10 @@ token's clipped-PPO term is multiplied by ``min(exp(logp_dense_old - logp_sparse
 ``logp_dense_old`` is the trainer's own dense logprob of the sampled token (full attention, no
 adapter) at the weights the servers sampled with, and ``logp_sparse`` is what the server returned.
 
-One optimizer step per batch (on-policy), so the PPO ratio is exactly 1 and its clip never binds;
-it is kept so that the loss reads as the one a multi-epoch trainer uses. Shapes: ``G`` generated
+Dense logprobs come from the model's ordinary causal forward (what ``sparrow_server.modeling.
+sparse_forward.dense_logits`` computes per sequence), batched with right padding. One optimizer
+step per batch (on-policy), so the PPO ratio is exactly 1 and its clip never binds; it is kept
+so that the loss reads as the one a multi-epoch trainer uses. Shapes: ``G`` generated
 tokens of one sample, ``P`` prompts, ``n`` samples per prompt.
 """
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from sparrow_server.modeling.sparse_forward import dense_logits
 from sparrow_server.stats.acceptance import sampled_acceptance, truncated_importance_weights
 
 from .sampling import Sample
@@ -28,6 +29,7 @@ DEFAULT_TIS_CAP = 2.0  # the paper's code example uses 3.0; smaller is safer on 
 DEFAULT_CLIP_LOW = 0.2
 DEFAULT_CLIP_HIGH = 0.28
 DEFAULT_MAX_GRAD_NORM = 1.0
+DEFAULT_MICRO_BATCH = 8  # samples per forward/backward
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ObjectiveSettings:
     clip_low: float = DEFAULT_CLIP_LOW
     clip_high: float = DEFAULT_CLIP_HIGH
     max_grad_norm: float = DEFAULT_MAX_GRAD_NORM
+    micro_batch: int = DEFAULT_MICRO_BATCH
 
 
 @dataclass(frozen=True)
@@ -55,13 +58,26 @@ def group_advantages(rewards: Tensor, eps: float = ADVANTAGE_EPS) -> Tensor:
     return (rewards - mean) / (std + eps)
 
 
-def sampled_token_logprobs(model: Any, sample: Sample, temperature: float) -> Tensor:
-    """Dense logprob of each generated token, ``log_softmax(logits / T)``: [G] (with grad if enabled)."""
-    ids = torch.tensor(sample.prompt_ids + sample.token_ids)
-    logits = dense_logits(model, ids)  # [T, V]; row t predicts token t + 1
-    p = len(sample.prompt_ids)
-    rows = torch.log_softmax(logits[p - 1: ids.shape[0] - 1] / temperature, dim=-1)
-    return rows.gather(1, ids[p:, None])[:, 0]
+def sampled_token_logprobs(model: Any, samples: Sequence[Sample], temperature: float) -> list[Tensor]:
+    """Dense logprob of each generated token, ``log_softmax(logits / T)``: one [G] tensor per sample.
+
+    One forward over the samples right-padded into a batch (``attention_mask`` zero on the padding;
+    causal attention, so the real positions see exactly what ``dense_logits`` of each sequence would).
+    Gradients flow if enabled by the caller.
+    """
+    seqs = [torch.tensor(x.prompt_ids + x.token_ids) for x in samples]
+    width = max(len(q) for q in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, q in enumerate(seqs):
+        ids[row, : len(q)], mask[row, : len(q)] = q, 1
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # [B, W, V]
+    out = []
+    for row, (x, q) in enumerate(zip(samples, seqs)):
+        p = len(x.prompt_ids)
+        rows = torch.log_softmax(logits[row, p - 1: len(q) - 1] / temperature, dim=-1)  # row t predicts t + 1
+        out.append(rows.gather(1, q[p:, None])[:, 0])
+    return out
 
 
 def token_loss(logp: Tensor, logp_old: Tensor, advantage: float, tis: Tensor, s: ObjectiveSettings) -> Tensor:
@@ -85,28 +101,27 @@ def policy_update(model: Any, optimizer: torch.optim.Optimizer, samples: Sequenc
                   s: ObjectiveSettings) -> UpdateStats:
     """One optimizer step on the token-mean loss over every generated token of the batch.
 
-    Samples are forwarded one at a time (one graph in memory); a zero-advantage sample has no
-    gradient, so it only gets a no-grad forward for its dense logprobs (TIS and acceptance stats).
+    Samples go through the model ``s.micro_batch`` at a time (bounds activation memory); a
+    micro-batch whose advantages are all zero carries no gradient, so it gets a no-grad forward
+    only (its dense logprobs still feed the TIS and acceptance statistics).
     """
     tokens = sum(len(x.token_ids) for x in samples)
-    assert tokens > 0, "a batch with no generated tokens"
+    assert tokens > 0 and all(x.token_ids for x in samples), "every sample needs a generated token"
     optimizer.zero_grad(set_to_none=True)
     total, dense, trained = 0.0, [], 0
-    for sample, advantage in zip(samples, advantages):
-        if not sample.token_ids:
-            dense.append(())
+    for start in range(0, len(samples), s.micro_batch):
+        chunk, adv = samples[start: start + s.micro_batch], advantages[start: start + s.micro_batch]
+        learn = any(a != 0.0 for a in adv)
+        with torch.set_grad_enabled(learn):
+            logps = sampled_token_logprobs(model, chunk, s.temperature)
+        dense += [tuple(lp.detach().tolist()) for lp in logps]
+        if not learn:
             continue
-        with torch.set_grad_enabled(advantage != 0.0):
-            logp = sampled_token_logprobs(model, sample, s.temperature)
-        old = logp.detach()
-        dense.append(tuple(old.tolist()))
-        if advantage == 0.0:
-            continue
-        tis = importance_weights(old, sample, s.tis_cap).to(logp.dtype)
-        loss = token_loss(logp, old, advantage, tis, s).sum() / tokens
+        loss = sum(token_loss(lp, lp.detach(), a, importance_weights(lp.detach(), x, s.tis_cap).to(lp.dtype), s).sum()
+                   for lp, a, x in zip(logps, adv, chunk)) / tokens
         loss.backward()
         total += float(loss.detach())
-        trained += 1
+        trained += sum(a != 0.0 for a in adv)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), s.max_grad_norm)) if trained else 0.0
     if trained:
         optimizer.step()
