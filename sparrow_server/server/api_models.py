@@ -24,7 +24,7 @@ SCHEDULE_EXTRA_KEY_PREFIX = "sparrow_schedule="
 # SGLang sampling keys accepted only at their neutral value (this engine does not implement them).
 NEUTRAL_SAMPLING = {
     "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0,
-    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "logit_bias": None,
+    "json_schema": None, "regex": None, "ebnf": None, "structural_tag": None, "logit_bias": None, "stop_regex": None,
 }
 
 
@@ -57,6 +57,8 @@ class SamplingParamsIn(BaseModel):
     ebnf: str | None = None
     structural_tag: str | None = None
     logit_bias: dict[str, float] | None = None
+    stop_regex: str | list[str] | None = None
+    stream_interval: int | None = None  # accepted for compatibility; this server streams every token
 
     def to_engine(self, sample_index: int = 0) -> SamplingParams:
         """Engine params of sample ``sample_index`` (sample i of n uses seed + i)."""
