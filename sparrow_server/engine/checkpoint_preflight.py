@@ -17,13 +17,13 @@ from typing import Any
 
 from sparrow_server.engine.weights import WeightLoadError
 
-# Config keys that do not change what the weights compute (same set as the reference engine's).
+# Config keys that do not change what the weights compute (bookkeeping, attention kernel choice).
 IGNORED_CONFIG_KEYS = frozenset({
-    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation", "architectures",
-    "_attn_implementation_autoset", "attn_implementation", "_commit_hash", "use_cache", "output_attentions",
-    "output_hidden_states", "return_dict",
+    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation",
+    "_attn_implementation_internal", "_attn_implementation_autoset", "attn_implementation", "_commit_hash",
+    "architectures", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "_experts_implementation",
 })
-MAX_LISTED = 3
+MAX_LISTED = 3  # differences named in an error message
 SAFETENSORS_HEADER_LEN_BYTES = 8  # little-endian u64, then that many bytes of JSON
 
 
@@ -58,26 +58,40 @@ def checkpoint_signature(model_path: str | Path, field: str = "model_path") -> C
             tensors.update(safetensors_header(file))
     except (OSError, ValueError, KeyError, struct.error) as exc:
         raise WeightLoadError(field, str(model_path), f"unreadable checkpoint: {exc}") from exc
-    return CheckpointSignature({k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}, tensors)
+    return CheckpointSignature(config_view(config), tensors)
+
+
+def config_view(config: dict[str, Any]) -> dict[str, Any]:
+    """The config keys that must match for weights to be swapped in place."""
+    return {k: v for k, v in config.items() if k not in IGNORED_CONFIG_KEYS}
+
+
+def config_mismatch(serving: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Why two config views differ (``model_type`` named first), or None."""
+    keys = sorted((k for k in serving.keys() | new.keys() if serving.get(k) != new.get(k)), key=lambda k: (k != "model_type", k))
+    if not keys:
+        return None
+    diffs = "; ".join(f"{k}: serving {serving.get(k)!r}, new {new.get(k)!r}" for k in keys[:MAX_LISTED])
+    return f"a different architecture (config differs in {len(keys)} keys: {diffs})"
+
+
+def shapes_mismatch(serving: dict[str, tuple[int, ...]], new: dict[str, tuple[int, ...]], what: str = "tensors") -> str | None:
+    """Why two name -> shape maps differ (missing / unexpected names, then shapes), or None."""
+    missing, unexpected = sorted(serving.keys() - new.keys()), sorted(new.keys() - serving.keys())
+    if missing or unexpected:
+        return f"a different architecture ({what} missing: {missing[:MAX_LISTED]}, unexpected: {unexpected[:MAX_LISTED]})"
+    shapes = [f"{n}: serving {serving[n]}, new {new[n]}" for n in sorted(serving) if serving[n] != new[n]]
+    if shapes:
+        return f"a different architecture (shapes differ: {'; '.join(shapes[:MAX_LISTED])})"
+    return None
 
 
 def signature_mismatch(serving: CheckpointSignature, new: CheckpointSignature) -> str | None:
     """Why ``new`` cannot replace ``serving`` in place, or None. Dtypes may differ (the engine casts)."""
-    keys = sorted((k for k in serving.config.keys() | new.config.keys() if serving.config.get(k) != new.config.get(k)),
-                  key=lambda k: (k != "model_type", k))
-    if keys:
-        diffs = "; ".join(f"{k}: serving {serving.config.get(k)!r}, new {new.config.get(k)!r}" for k in keys[:MAX_LISTED])
-        return f"a different architecture (config differs in {len(keys)} keys: {diffs})"
-    if not serving.tensors or not new.tensors:
-        return None  # a .bin checkpoint: the config check is all that is cheap
-    missing, unexpected = sorted(serving.tensors.keys() - new.tensors.keys()), sorted(new.tensors.keys() - serving.tensors.keys())
-    if missing or unexpected:
-        return f"a different architecture (tensors missing: {missing[:MAX_LISTED]}, unexpected: {unexpected[:MAX_LISTED]})"
-    shapes = [f"{n}: serving {serving.tensors[n][1]}, new {new.tensors[n][1]}"
-              for n in sorted(serving.tensors) if serving.tensors[n][1] != new.tensors[n][1]]
-    if shapes:
-        return f"a different architecture (shapes differ: {'; '.join(shapes[:MAX_LISTED])})"
-    return None
+    reason = config_mismatch(serving.config, new.config)
+    if reason or not serving.tensors or not new.tensors:
+        return reason  # without safetensors headers (.bin) the config check is all that is cheap
+    return shapes_mismatch({n: s for n, (_, s) in serving.tensors.items()}, {n: s for n, (_, s) in new.tensors.items()})
 
 
 def preflight(serving_path: str | Path, new_path: str | Path) -> None:
@@ -88,4 +102,5 @@ def preflight(serving_path: str | Path, new_path: str | Path) -> None:
         raise WeightLoadError("model_path", str(new_path), reason)
 
 
-__all__ = ["CheckpointSignature", "checkpoint_signature", "signature_mismatch", "safetensors_header", "preflight"]
+__all__ = ["CheckpointSignature", "checkpoint_signature", "signature_mismatch", "safetensors_header", "preflight",
+           "config_view", "config_mismatch", "shapes_mismatch", "IGNORED_CONFIG_KEYS"]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from sparrow_server.engine.base import FinishReason
+from sparrow_server.engine.checkpoint_preflight import config_mismatch, config_view, shapes_mismatch
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache
 from sparrow_server.engine.weights import (
@@ -54,13 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_S = 0.005  # how often a waiting control call looks at the loop's state
-# Config keys that do not change what the weights compute (bookkeeping, attention kernel choice).
-CONFIG_KEYS_IGNORED = frozenset({
-    "_name_or_path", "transformers_version", "dtype", "torch_dtype", "_attn_implementation",
-    "_attn_implementation_internal", "_attn_implementation_autoset", "attn_implementation", "_commit_hash",
-    "architectures", "use_cache", "output_attentions", "output_hidden_states", "return_dict", "_experts_implementation",
-})
-MAX_LISTED = 3  # differences named in an error message
 
 
 # ----- loading and checking (no engine state) ---------------------------------------------------
@@ -97,27 +91,14 @@ def dense_parameters(model: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def _config_view(config: Any) -> dict[str, Any]:
-    return {k: v for k, v in config.to_dict().items() if k not in CONFIG_KEYS_IGNORED}
-
-
 def architecture_mismatch(serving: Any, candidate: Any) -> str | None:
-    """Why ``candidate`` cannot replace ``serving``'s weights in place, or None when it can."""
-    old, new = _config_view(serving.config), _config_view(candidate.config)
-    keys = sorted((k for k in old.keys() | new.keys() if old.get(k) != new.get(k)), key=lambda k: (k != "model_type", k))
-    if keys:
-        diffs = "; ".join(f"{k}: serving {old.get(k)!r}, new {new.get(k)!r}" for k in keys[:MAX_LISTED])
-        return f"a different architecture (config differs in {len(keys)} keys: {diffs})"
-    have, want = dense_parameters(serving), dense_parameters(candidate)
-    missing, unexpected = sorted(have.keys() - want.keys()), sorted(want.keys() - have.keys())
-    if missing or unexpected:
-        return (f"a different architecture (parameters missing: {missing[:MAX_LISTED]}, "
-                f"unexpected: {unexpected[:MAX_LISTED]})")
-    shapes = [f"{n}: serving {tuple(have[n].shape)}, new {tuple(want[n].shape)}"
-              for n in sorted(have) if have[n].shape != want[n].shape]
-    if shapes:
-        return f"a different architecture (shapes differ: {'; '.join(shapes[:MAX_LISTED])})"
-    return None
+    """Why ``candidate`` cannot replace ``serving``'s weights in place, or None when it can
+    (same rules as the checkpoint preflight, on loaded models)."""
+    reason = config_mismatch(config_view(serving.config.to_dict()), config_view(candidate.config.to_dict()))
+    if reason:
+        return reason
+    shapes = {name: tuple(t.shape) for name, t in dense_parameters(serving).items()}
+    return shapes_mismatch(shapes, {name: tuple(t.shape) for name, t in dense_parameters(candidate).items()}, "parameters")
 
 
 @torch.no_grad()
