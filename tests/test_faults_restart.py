@@ -1,4 +1,6 @@
-"""A killed (SIGKILL) server restarts with its registered schedules; SIGTERM drains and exits 0.
+"""A killed (SIGKILL) server restarts with its registered schedules; SIGTERM drains and exits.
+The restarted server also runs with an API key (one subprocess start serves both checks): admin
+and, under ``--require-auth-for-rollouts``, generation routes need it, and it is never logged.
 Real ``serve`` subprocesses on a tiny random model."""
 from __future__ import annotations
 
@@ -16,9 +18,24 @@ pytestmark = pytest.mark.slow
 
 SCHEDULE_A = {"budgets_tokens": [64, 128], "dense_layers": [0], "description": "survives kill -9"}
 SCHEDULE_B = {"budgets_tokens": [96], "dense_layers": [1]}
+KEY = "restart-key-0123456789abcdef"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
-def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path):
+def check_auth(url: str) -> None:
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
+    with httpx.Client(base_url=url, timeout=30) as c:
+        assert c.get("/health").status_code == 200 and c.get("/schedules").status_code == 200  # reads stay open
+        for path in ("/rollout", "/generate"):
+            assert c.post(path, json=body).status_code == 401
+            assert c.post(path, json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert c.post(path, json=body, headers=AUTH).status_code == 200
+        assert c.put("/schedules/persist-b", json=SCHEDULE_B).status_code == 401
+        assert c.put("/schedules/persist-b", json=SCHEDULE_B, headers={"Authorization": "Bearer " + KEY[:-1]}).status_code == 401
+        assert c.put("/schedules/persist-b", json=SCHEDULE_B, headers=AUTH).status_code == 200
+
+
+def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path, monkeypatch):
     model = save_tiny_model(tmp_path / "model")
     state = tmp_path / "state"
     first = ServerProcess(model, state)
@@ -31,20 +48,22 @@ def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path):
         first.log.close()
     (state / "schedules" / ".persist-c.crash.tmp").write_text('{"name": "persist-c", "budg')  # a write cut by a crash
 
-    second = ServerProcess(model, state, "--drain-timeout-s", "0.5")
+    monkeypatch.setenv("SPARROW_API_KEY", KEY)  # inherited by the server
+    second = ServerProcess(model, state, "--drain-timeout-s", "0.5", "--require-auth-for-rollouts", "--log-level", "info")
     try:
         assert httpx.get(f"{second.url}/schedules/persist-a", timeout=30).json() == expected_a
         assert httpx.get(f"{second.url}/schedules/persist-c", timeout=30).status_code == 404
-        assert httpx.put(f"{second.url}/schedules/persist-b", json=SCHEDULE_B, timeout=30).status_code == 200
+        check_auth(second.url)
         rollout = httpx.post(f"{second.url}/rollout", json={"input_ids": [1, 2, 3], "schedule": "persist-a",
-                                                            "sampling_params": {"max_new_tokens": 3}}, timeout=30)
+                                                            "sampling_params": {"max_new_tokens": 3}}, headers=AUTH,
+                             timeout=30)
         assert rollout.json()["meta"]["schedule"] == "persist-a"
         events: list[dict] = []
         started = threading.Event()
 
         def stream() -> None:
             body = {"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
-            with httpx.stream("POST", f"{second.url}/rollout", json=body, timeout=60) as r:
+            with httpx.stream("POST", f"{second.url}/rollout", json=body, headers=AUTH, timeout=60) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: "):
                         events.append(json.loads(line[6:]))
@@ -62,3 +81,5 @@ def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path):
     assert last["done"] is True
     assert last.get("error", {}).get("type") == "shutdown" or last["meta"]["finish_reason"]["type"] == "length"
     assert "persist-b.json" in {p.name for p in (state / "schedules").iterdir()}
+    log = (state.parent / f"server-{second.port}.log").read_text()
+    assert "API key set" in log and "POST /rollout" in log and KEY not in log  # access log on, key never in it

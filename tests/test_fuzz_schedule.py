@@ -18,7 +18,7 @@ from sparrow_server.sparsity.schedule import (
 )
 
 FIELDS = sorted(Schedule.__dataclass_fields__) + ["format_version", "budgets_pages_excluding_reserved"]
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True),
                     st.text(max_size=12), st.sampled_from([0, 1, 2, 16, 64, 128, 2000, "total", "generated", "x"]))

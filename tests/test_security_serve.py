@@ -1,17 +1,11 @@
-"""``serve``'s auth, bind and limit flags, and an authenticated server end to end."""
+"""``serve``'s auth, bind and limit flags (an authenticated server subprocess: ``test_faults_restart.py``)."""
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
-from helpers.server_util import REPO, ServerProcess, free_port
-from helpers.tiny_models import save_tiny_model
 from sparrow_server.commands.serve import register
 from sparrow_server.commands.serve_security import limits_from_args, security_from_args
 from sparrow_server.server.limits import Limits
@@ -63,35 +57,8 @@ def test_roots_and_limit_flags(tmp_path):
         limits_from_args(parse("--max-n", "0"))
 
 
-def test_cli_refuses_remote_bind_without_key(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "SPARROW_API_KEY"}
-    r = subprocess.run([sys.executable, "-m", "sparrow_server.cli", "serve", "--host", "0.0.0.0", "--port",
-                        str(free_port()), "--state-dir", str(tmp_path)], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "without an API key" in r.stderr
-
-
-@pytest.mark.slow
-def test_authenticated_server_subprocess(tmp_path, monkeypatch):
-    """A real server with a key: admin routes need it, rollouts too when asked; the key is never logged."""
-    model = save_tiny_model(tmp_path / "model")
-    monkeypatch.setenv("SPARROW_API_KEY", KEY)  # the server inherits it
-    server = ServerProcess(model, tmp_path / "state", "--require-auth-for-rollouts", "--log-level", "info")
-    try:
-        auth = {"Authorization": f"Bearer {KEY}"}
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
-        schedule = {"budgets_tokens": [64, 128]}
-        with httpx.Client(base_url=server.url, timeout=30) as c:
-            assert c.get("/health").status_code == 200  # health and reads stay open
-            assert c.post("/rollout", json=body).status_code == 401
-            assert c.post("/generate", json=body).status_code == 401
-            assert c.post("/rollout", json=body, headers={"Authorization": "Bearer nope"}).status_code == 401
-            assert c.post("/rollout", json=body, headers=auth).status_code == 200
-            assert c.put("/schedules/mine", json=schedule).status_code == 401
-            assert c.put("/schedules/mine", json=schedule, headers={"Authorization": "Bearer " + KEY[:-1]}).status_code == 401
-            assert c.put("/schedules/mine", json=schedule, headers=auth).status_code == 200
-            assert c.get("/schedules/mine").status_code == 200
-    finally:
-        server.stop()
-    log = (tmp_path / f"server-{server.port}.log").read_text()
-    assert "API key set" in log and KEY not in log
+def test_serve_refuses_remote_bind_without_key_before_loading(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("SPARROW_API_KEY", raising=False)
+    args = parse("--host", "0.0.0.0", "--state-dir", str(tmp_path), "--model", str(tmp_path / "no-such-model"))
+    assert args.func(args) == 2
+    assert "without an API key" in capsys.readouterr().err  # not the missing model: refused before loading
