@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "schedules",
     "cost",
     "calibrate",
+    "distill",
 )
 
 
