@@ -245,5 +245,204 @@ def _wait_healthy(server: ForkedServer, timeout_s: float = 60.0) -> None:
         raise RuntimeError(f"{exc}\n{server.log_tail()}") from exc
 
 
+# ---------------------------------------------------------------------------------------------
+# The fleet: 3 forked servers + the real router; kill one mid-rollout, restart it, check it rejoins.
+# ---------------------------------------------------------------------------------------------
+
+N_SERVERS = 3
+N_ROLLOUTS = 24
+CONCURRENCY = 6  # requests in flight at once, so the victim is busy when it dies
+CLIENT_RETRY = dict(retries=6, backoff_s=0.2)
+SERVER_ARGS = ("--device", "cpu", "--threads", "1", "--kv-pool-tokens", "8192", "--max-batch-size", "8",
+               "--log-level", "warning")
+
+
+@dataclass
+class Fleet:
+    zygote: Zygote
+    model: Path
+    state_root: Path
+    servers: list[ForkedServer]
+
+    def start(self, index: int, port: int) -> ForkedServer:
+        state = self.state_root / f"state-{index}"  # kept across a restart: registered schedules persist
+        return self.zygote.serve(port, "--model", str(self.model), "--state-dir", str(state), *SERVER_ARGS)
+
+    def restart(self, index: int) -> ForkedServer:
+        self.servers[index] = self.start(index, self.servers[index].port)
+        _wait_healthy(self.servers[index])
+        return self.servers[index]
+
+
+@contextlib.contextmanager
+def _fleet(tmp_path: Path) -> Iterator[Fleet]:
+    from fleet_util import free_port
+    from helpers.tiny_models import save_tiny_model
+
+    model = save_tiny_model(tmp_path / "model")
+    zygote = Zygote(tmp_path)
+    fleet = Fleet(zygote, model, tmp_path, [])
+    try:
+        fleet.servers = [fleet.start(i, free_port()) for i in range(N_SERVERS)]
+        for server in fleet.servers:
+            _wait_healthy(server)
+        yield fleet
+    finally:
+        for server in fleet.servers:
+            server.kill()
+        zygote.close()
+
+
+def _prompt(i: int) -> list[int]:
+    return [(7 * i + j) % 100 + 1 for j in range(PROMPT_LEN)]
+
+
+def _payload(i: int, rid: str) -> dict:
+    return {"input_ids": _prompt(i), "rid": rid, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": NEW_TOKENS, "ignore_eos": True, "sampling_seed": i}}
+
+
+def _served_generate(server: ForkedServer) -> float:
+    """Finished ``/generate`` requests of ``server`` (its ``sparrow_requests_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == "sparrow_requests_total" and sample.labels.get("endpoint") == "generate")
+
+
+async def _drive(router_url: str, rids: list[str], on_attempt) -> dict[str, list[dict]]:
+    """Send every rid once through the router with the client's retries; results grouped by rid."""
+    from sparrow_server.client import AsyncSparrowClient, RetryPolicy
+
+    async def hook(request: httpx.Request) -> None:
+        on_attempt([json.loads(request.content)["rid"]])
+
+    http = httpx.AsyncClient(base_url=router_url, timeout=60, event_hooks={"request": [hook]})
+    results: dict[str, list[dict]] = collections.defaultdict(list)
+    semaphore = asyncio.Semaphore(CONCURRENCY)
+    async with AsyncSparrowClient(http=http, retry=RetryPolicy(**CLIENT_RETRY)) as client:
+        async def one(i: int, rid: str) -> None:
+            async with semaphore:
+                answer = await client.generate(_payload(i, rid), schedule=SCHEDULE_NAME)
+            results[rid].append(answer)
+
+        await asyncio.gather(*(one(i, rid) for i, rid in enumerate(rids)))
+    return results
+
+
+def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[str]) -> None:
+    """SIGKILL the victim while it decodes, wait until the router drops it, restart it on its port."""
+    server = fleet.servers[victim]
+    _wait_for(lambda: httpx.get(f"{server.url}/health", timeout=2).json()["live_requests"] > 0, 30,
+              "the victim to have requests in flight", interval_s=0.02)
+    server.kill()
+    log.append("killed")
+    router.wait_unhealthy(server.url, timeout_s=15)
+    log.append("dropped")
+    fleet.restart(victim)
+    router.wait_healthy([server.url], timeout_s=30)
+    log.append("rejoined")
+
+
+def _router_retries(router) -> float:
+    """``smg_worker_retries_total``: requests the router re-sent to another worker."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(router.metrics_text())
+               for sample in family.samples if sample.name == "smg_worker_retries_total")
+
+
+def _check_routing_edges(router, fleet: Fleet) -> None:
+    """What the router does with the schedule fields and with errors (not retried elsewhere)."""
+    body = {"input_ids": _prompt(0), "sampling_params": {"max_new_tokens": 2, "custom_params": {"sparrow_schedule": SCHEDULE_NAME}}}
+    answer = router.client.post(f"{router.url}/generate", json=body).json()
+    assert answer["meta_info"]["sparrow"]["schedule"] == "dense"  # custom_params dropped by the router
+    unknown = router.client.post(f"{router.url}/generate", json={**body, "extra_key": "sparrow_schedule=nope"})
+    assert (unknown.status_code, unknown.json()["error"]["name"]) == (404, "nope")
+    invalid = router.client.post(f"{router.url}/generate", json={"input_ids": [1], "sampling_params": {"temperature": -1}})
+    assert invalid.status_code == 422 and invalid.json()["error"]["field"] == "sampling_params.temperature"
+
+
+def _check_live_rid_refused(router, fleet: Fleet) -> None:
+    """A rid live on a server is refused there with 409, which the router passes through unretried;
+    on the other servers the same rid runs (no de-duplication across servers)."""
+    import threading
+
+    long_body = {"input_ids": [1, 2, 3], "rid": "live-rid", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+    host = fleet.servers[0]
+    finished: list[dict] = []
+    runner = threading.Thread(target=lambda: finished.append(httpx.post(f"{host.url}/generate", json=long_body, timeout=120).json()))
+    runner.start()
+    try:
+        _wait_for(lambda: httpx.get(f"{host.url}/health", timeout=2).json()["live_requests"] > 0, 20, "the long request")
+        assert httpx.post(f"{host.url}/generate", json=long_body, timeout=10).status_code == 409
+        short = {**long_body, "sampling_params": {"max_new_tokens": 1}}
+        codes = sorted(router.client.post(f"{router.url}/generate", json=short).status_code for _ in range(N_SERVERS))
+        assert codes == [200, 200, 409]  # round_robin: one attempt per server, the 409 came back as is
+    finally:
+        httpx.post(f"{host.url}/abort_request", json={"rid": "live-rid"}, timeout=10)
+        runner.join(60)
+    assert finished and finished[0]["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+@pytest.mark.slow
+def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
+    from fleet_util import RouterSettings, router_available, running_router
+
+    if not router_available():
+        pytest.skip("sglang-router is not installed (pip install sglang-router)")
+    started = time.monotonic()
+    phases: dict[str, float] = {}
+    with _fleet(tmp_path) as fleet:
+        phases["servers up"] = time.monotonic() - started
+        for server in fleet.servers:  # control plane: straight to each server, not through the router
+            assert httpx.put(f"{server.url}/schedules/{SCHEDULE_NAME}", json=SPARSE_SCHEDULE, timeout=10).status_code == 200
+        urls = [s.url for s in fleet.servers]
+        with running_router(urls, tmp_path, RouterSettings(policy="round_robin")) as router:
+            phases["router up"] = time.monotonic() - started
+            _check_routing_edges(router, fleet)
+            _check_live_rid_refused(router, fleet)
+            phases["edges checked"] = time.monotonic() - started
+            router_retries = _router_retries(router)
+
+            victim, events = 1, []
+            attempts: collections.Counter = collections.Counter()
+            rids = [f"rollout-{i}" for i in range(N_ROLLOUTS)]
+
+            async def rollouts_during_restart():
+                chaos = asyncio.get_running_loop().run_in_executor(
+                    None, _kill_when_busy_then_restart, fleet, router, victim, events)
+                results = await _drive(router.url, rids, attempts.update)
+                await chaos
+                return results
+
+            results = asyncio.run(rollouts_during_restart())
+            router_retries = _router_retries(router) - router_retries
+            phases["rollouts through the restart"] = time.monotonic() - started
+            before = _served_generate(fleet.servers[victim])
+            after_rids = [f"after-{i}" for i in range(2 * N_SERVERS)]
+            after = asyncio.run(_drive(router.url, after_rids, attempts.update))
+            rejoined_served = _served_generate(fleet.servers[victim]) - before
+    elapsed = time.monotonic() - started
+
+    assert events == ["killed", "dropped", "rejoined"]
+    for rid in rids + after_rids:  # exactly one result per request, and it is that request's
+        answers = results.get(rid) or after.get(rid)
+        assert answers is not None and len(answers) == 1, (rid, answers)
+        meta = answers[0]["meta_info"]
+        assert meta["id"] == rid and meta["finish_reason"]["type"] == "length"
+        assert len(answers[0]["output_ids"]) == NEW_TOKENS == len(meta["output_token_logprobs"])
+        assert meta["sparrow"]["schedule"] == SCHEDULE_NAME  # carried by extra_key through the router
+        assert meta["sparrow"]["kv_budget_tokens_mean"] <= SPARSE_SCHEDULE["budgets_tokens"][0]
+    client_resends = sum(attempts[r] - 1 for r in rids)
+    # the kill cut requests in flight: the router re-sent them to another worker, or (when its own
+    # retries were spent) answered 5xx and the client re-sent them with the same rid
+    assert router_retries + client_resends >= 1
+    assert rejoined_served >= 1  # the restarted server takes traffic again
+    print(f"fleet test: {elapsed:.1f} s ({', '.join(f'{k} at {v:.1f} s' for k, v in phases.items())}); "
+          f"router retries {router_retries:.0f}, client re-sends {client_resends}")
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["zygote"]:
     sys.exit(_zygote_main())
