@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,10 +46,13 @@ def markdown(result: LoadResult, command: str, server_command: str) -> str:
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
     cpu = os.cpu_count()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    before, after = getattr(r, "host_load", ((float("nan"),) * 3,) * 2)
     return f"""# Loopback load test
 
-{when}, {platform.processor() or platform.machine()}, {cpu} CPU cores shared by the server, the load
-generator and whatever else ran on the machine; Python {platform.python_version()}.
+{when}, {platform.machine()}, {cpu} CPU cores shared by the server, the load generator and
+whatever else ran on the machine (1-minute load average {before[0]:.1f} before the run,
+{after[0]:.1f} after: other work was running, so the rates are a floor, not this code's ceiling);
+Python {platform.python_version()}, commit {commit()}.
 
 Command:
 
@@ -68,6 +72,16 @@ An error is a non-200 answer, an `error` event, a stream without a final event o
 """
 
 
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                               cwd=Path(__file__).parent).stdout.strip()
+        return out.stdout.strip() + (" with uncommitted changes in the tree" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--clients", type=int, default=DEFAULT_CLIENTS)
@@ -77,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=None, help="model directory (default: a tiny random Llama)")
     p.add_argument("--out", type=Path, default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
+    load_before = os.getloadavg()
     result, server_command = load_test(args.clients, args.duration_s, args.warmup_s, args.max_new_tokens, args.model)
+    result.host_load = (load_before, os.getloadavg())
     command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0])), *sys.argv[1:]]) if argv is None else ""
     print(json.dumps(result.to_dict(), indent=2))
     if args.out:
