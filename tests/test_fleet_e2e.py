@@ -10,10 +10,10 @@ it with 409 (the router passes 409 through without trying another worker), so a 
 beside its own earlier attempt on one server. Across servers nothing de-duplicates: a request cut
 off by a dying server runs again elsewhere (its first run is lost with the server).
 
-Start-up is the slow part (importing torch and transformers takes ~10 s of CPU per process), so
-the servers are forked from one "zygote" process that imported everything once: each server is
-still its own process running ``sparrow-server serve`` and dies for real under SIGKILL. The fast
-tests at the top check the schedule precedence, ``/model_info`` and the client's payloads in-process.
+The servers are forked from one process that imported the server once
+(``helpers.forked_servers``): each is its own ``sparrow-server serve`` process and dies for real
+under SIGKILL. The fast tests at the top check the schedule precedence, ``/model_info`` and the
+client's ``/generate`` body in-process.
 """
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ import asyncio
 import collections
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +29,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from helpers.forked_servers import ForkedServer, Zygote, wait_for, wait_healthy
 
 SPARSE_SCHEDULE = {"budgets_tokens": [64], "dense_layers": [0], "description": "fleet test: 4 pages of KV"}
 SCHEDULE_NAME = "fleet-sparse"
@@ -114,138 +109,6 @@ def test_client_generate_body_carries_the_schedule_both_ways():
 
 
 # ---------------------------------------------------------------------------------------------
-# The zygote: imports the server once, then forks `serve` processes on request.
-# ---------------------------------------------------------------------------------------------
-
-def _zygote_main() -> int:
-    """Read one JSON command per stdin line: ``{"argv": [...], "log": path}`` forks a child that
-    runs ``sparrow-server <argv>`` with stdout/stderr to ``log`` and answers ``{"pid": N}``. On EOF,
-    SIGKILL every child still running. Only imports happen here (no torch op, no thread), so
-    forking is safe."""
-    import sparrow_server.cli as cli
-    import sparrow_server.commands.serve  # noqa: F401
-    import sparrow_server.engine.reference.factory  # noqa: F401
-    import sparrow_server.server.app  # noqa: F401
-    import transformers  # noqa: F401
-    import uvicorn  # noqa: F401
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: F401
-
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    children: list[int] = []
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        command = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            fd = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-            code = 1
-            try:
-                code = cli.main(command["argv"])
-            finally:
-                sys.stdout.flush()
-                os._exit(code)
-        children.append(pid)
-        print(json.dumps({"pid": pid}), flush=True)
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return 0
-
-
-@dataclass
-class ForkedServer:
-    """One ``serve`` process forked by the zygote (not our child: liveness by ``kill(pid, 0)``)."""
-
-    pid: int
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-        _wait_for(lambda: not self.alive(), 10, f"pid {self.pid} to die")
-
-    def log_tail(self, chars: int = 3000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
-
-
-class Zygote:
-    def __init__(self, log_dir: Path, timeout_s: float = 120.0):
-        self.log_dir = log_dir
-        cmd = [sys.executable, str(Path(__file__).resolve()), "zygote"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), os.environ.get("PYTHONPATH", "")])}
-        self.stderr = open(log_dir / "zygote.log", "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     cwd=REPO, env=env, text=True, bufsize=1)
-        self._reply(timeout_s)
-
-    def _reply(self, timeout_s: float) -> dict:
-        import selectors
-
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(timeout_s):
-                raise RuntimeError(f"zygote silent for {timeout_s} s: {(self.log_dir / 'zygote.log').read_text()[-2000:]}")
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"zygote exited: {(self.log_dir / 'zygote.log').read_text()[-2000:]}")
-        return json.loads(line)
-
-    def serve(self, port: int, *args: str) -> ForkedServer:
-        log_path = self.log_dir / f"sparrow-{port}-{time.monotonic_ns()}.log"
-        argv = ["serve", "--engine", "reference", "--host", "127.0.0.1", "--port", str(port), *args]
-        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log_path)}) + "\n")
-        return ForkedServer(self._reply(10.0)["pid"], port, log_path)
-
-    def close(self) -> None:
-        with contextlib.suppress(BrokenPipeError, OSError):
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
-
-
-def _wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if predicate():
-                return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def _wait_healthy(server: ForkedServer, timeout_s: float = 60.0) -> None:
-    def healthy() -> bool:
-        if not server.alive():
-            raise RuntimeError(f"server on port {server.port} exited:\n{server.log_tail()}")
-        return httpx.get(f"{server.url}/health", timeout=2).status_code == 200
-
-    try:
-        _wait_for(healthy, timeout_s, f"server on port {server.port}", interval_s=0.2)
-    except TimeoutError as exc:
-        raise RuntimeError(f"{exc}\n{server.log_tail()}") from exc
-
-
-# ---------------------------------------------------------------------------------------------
 # The fleet: 3 forked servers + the real router; kill one mid-rollout, restart it, check it rejoins.
 # ---------------------------------------------------------------------------------------------
 
@@ -270,7 +133,7 @@ class Fleet:
 
     def restart(self, index: int) -> ForkedServer:
         self.servers[index] = self.start(index, self.servers[index].port)
-        _wait_healthy(self.servers[index])
+        wait_healthy(self.servers[index])
         return self.servers[index]
 
 
@@ -285,7 +148,7 @@ def _fleet(tmp_path: Path) -> Iterator[Fleet]:
     try:
         fleet.servers = [fleet.start(i, free_port()) for i in range(N_SERVERS)]
         for server in fleet.servers:
-            _wait_healthy(server)
+            wait_healthy(server)
         yield fleet
     finally:
         for server in fleet.servers:
@@ -334,7 +197,7 @@ async def _drive(router_url: str, rids: list[str], on_attempt) -> dict[str, list
 def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[str]) -> None:
     """SIGKILL the victim while it decodes, wait until the router drops it, restart it on its port."""
     server = fleet.servers[victim]
-    _wait_for(lambda: httpx.get(f"{server.url}/health", timeout=2).json()["live_requests"] > 0, 30,
+    wait_for(lambda: httpx.get(f"{server.url}/health", timeout=2).json()["live_requests"] > 0, 30,
               "the victim to have requests in flight", interval_s=0.02)
     server.kill()
     log.append("killed")
@@ -375,7 +238,7 @@ def _check_live_rid_refused(router, fleet: Fleet) -> None:
     runner = threading.Thread(target=lambda: finished.append(httpx.post(f"{host.url}/generate", json=long_body, timeout=120).json()))
     runner.start()
     try:
-        _wait_for(lambda: httpx.get(f"{host.url}/health", timeout=2).json()["live_requests"] > 0, 20, "the long request")
+        wait_for(lambda: httpx.get(f"{host.url}/health", timeout=2).json()["live_requests"] > 0, 20, "the long request")
         assert httpx.post(f"{host.url}/generate", json=long_body, timeout=10).status_code == 409
         short = {**long_body, "sampling_params": {"max_new_tokens": 1}}
         codes = sorted(router.client.post(f"{router.url}/generate", json=short).status_code for _ in range(N_SERVERS))
@@ -443,6 +306,3 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
     print(f"fleet test: {elapsed:.1f} s ({', '.join(f'{k} at {v:.1f} s' for k, v in phases.items())}); "
           f"router retries {router_retries:.0f}, client re-sends {client_resends}")
 
-
-if __name__ == "__main__" and sys.argv[1:] == ["zygote"]:
-    sys.exit(_zygote_main())
