@@ -238,6 +238,8 @@ def test_request_timeout_ends_stream_with_error_event_and_504():
         assert 3 < len(events) < 400
         r = client.post("/rollout", json=rollout_body(sampling_params={"max_new_tokens": 400}))
         assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        # aborted, not left to run its 8 s out
+        wait_until(lambda: not engine.live and not app.state.admission.active, timeout_s=2.0, what="504 request aborted")
         with client.stream("POST", "/generate", json={"input_ids": PROMPT, "stream": True,
                                                       "sampling_params": {"max_new_tokens": 400}}) as s:
             lines = [line for line in s.iter_lines() if line]

@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import Body, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from sparrow_server.engine.adapter_registry import AdapterManager, GatedEngine, default_adapter_manager
 from sparrow_server.engine.base import Engine
 from sparrow_server.monitor.service_hooks import build_verifier
 from sparrow_server.monitor.verifier import DEFAULT_SAMPLE_FRACTION
 from sparrow_server.server import formats
+from sparrow_server.server.adapters import install_adapter_routes
 from sparrow_server.server.admission import (
     GuardedStreamingResponse,
     admission_of,
@@ -45,10 +47,12 @@ SSE = "text/event-stream"
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
                tokenizer: Any | None = None, metrics: ServiceMetrics | None = None,
                security: SecurityConfig | None = None, limits: Limits | None = None,
-               verify_fraction: float = DEFAULT_SAMPLE_FRACTION) -> FastAPI:
+               verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
-    service = RolloutService(engine, schedules, metrics or ServiceMetrics(), default_schedule, tokenizer)
+    adapters = adapters or default_adapter_manager(engine)
+    service = RolloutService(GatedEngine(engine, adapters), schedules, metrics or ServiceMetrics(), default_schedule,
+                             tokenizer)
     service.verifier = build_verifier(engine, service.metrics.acceptance, verify_fraction)
 
     @contextlib.asynccontextmanager
@@ -71,6 +75,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _schedule_routes(app, service)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
+    install_adapter_routes(app, adapters)
     return app
 
 
@@ -95,14 +100,17 @@ def _wants_ndjson(request: Request) -> bool:
 async def _collect_unless_disconnected(service: RolloutService, ro, request: Request):
     """Collect a non-streaming rollout; if the client goes away first, abort it (frees its pages) -> None."""
     task = asyncio.create_task(service.collect(ro))
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                return None
+    finally:  # disconnected, or this coroutine cancelled (timeout, shutdown): abort the generation
+        if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            return None
 
 
 def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
@@ -223,10 +231,6 @@ def _ops_routes(app: FastAPI, service: RolloutService) -> None:
     @app.get("/get_weight_version")
     async def get_weight_version():
         return {"weight_version": engine.info().weight_version}
-
-    @app.get("/adapters")
-    async def adapters():
-        return {"adapters": [{"name": n} for n in engine.adapters()]}
 
 
 __all__ = ["create_app", "error_response"]
