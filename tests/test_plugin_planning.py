@@ -16,7 +16,9 @@ from sparrow_server.sglang_plugin.config import DEFAULT_TOPK_CAP_TOKENS, PluginC
 from sparrow_server.sglang_plugin.planning import (
     REQUEST_FIELDS, logical_page_lists, pack, packed_layout, plan_request, plan_step,
 )
-from sparrow_server.sglang_plugin.side_table import ScheduleTable, schedule_from_custom_params
+from sparrow_server.sglang_plugin.side_table import (
+    ScheduleTable, resolve_request_schedule, schedule_from_custom_params, schedule_name_from_extra_key,
+)
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import Schedule, budget_pages, dense_schedule, dump_schedule
 from sparrow_server.sparsity.selection import (
@@ -164,3 +166,18 @@ def test_plugin_imports_without_sglang():
     import sparrow_server.sglang_plugin as plugin
 
     assert plugin.BACKEND_NAME == "sparrow" and callable(plugin.register)
+
+
+def test_schedule_from_extra_key_and_request_fallbacks():
+    from types import SimpleNamespace as NS
+
+    assert schedule_name_from_extra_key("sparrow_schedule=qwen3-4b-0.86") == "qwen3-4b-0.86"
+    assert schedule_name_from_extra_key("salt|sparrow_schedule=qwen3-4b-0.86@1|lora7") == "qwen3-4b-0.86@1"
+    assert schedule_name_from_extra_key("salt") is None and schedule_name_from_extra_key(None) is None
+    reg, default = ScheduleRegistry(), dense_schedule()
+    req = lambda cp, ek: NS(rid="r", sampling_params=NS(custom_params=cp), extra_key=ek)
+    assert resolve_request_schedule(req(None, "sparrow_schedule=qwen3-8b-0.86"), reg, default).name == "qwen3-8b-0.86"
+    got = resolve_request_schedule(req({"sparrow_schedule": "qwen3-4b-0.86"}, "sparrow_schedule=qwen3-8b-0.86"), reg, default)
+    assert got.name == "qwen3-4b-0.86"  # custom_params wins
+    assert resolve_request_schedule(req({"sparrow_schedule": "nope"}, None), reg, default) is default
+    assert resolve_request_schedule(req(None, None), reg, default) is default

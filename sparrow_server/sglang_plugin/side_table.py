@@ -93,10 +93,31 @@ class ScheduleTable:
         return None if steps == 0 else float(self.budget_token_sum[row]) / steps
 
 
+EXTRA_KEY_PREFIX = CUSTOM_PARAM_SCHEDULE + "="
+
+
+def schedule_name_from_extra_key(extra_key: Any) -> str | None:
+    """``NAME`` from an SGLang ``extra_key`` containing ``sparrow_schedule=NAME`` (the form that survives
+    sglang-router, which drops ``custom_params``; SGLang may append the LoRA id after it)."""
+    if not isinstance(extra_key, str) or EXTRA_KEY_PREFIX not in extra_key:
+        return None
+    rest = extra_key.split(EXTRA_KEY_PREFIX, 1)[1]
+    name = ""
+    for c in rest:
+        if not (c.isalnum() or c in "._-@"):
+            break
+        name += c
+    return name or None
+
+
 def resolve_request_schedule(req: Any, registry: ScheduleRegistry, default: Schedule) -> Schedule:
-    """Schedule of an SGLang ``Req``; a bad value falls back to ``default`` with a warning
-    (the HTTP edge validates; the scheduler must not die on one request)."""
+    """Schedule of an SGLang ``Req``: ``custom_params`` first, then ``extra_key``; a bad value falls
+    back to ``default`` with a warning (the HTTP edge validates; the scheduler must not die on one request)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    if not (params and (CUSTOM_PARAM_SCHEDULE in params or CUSTOM_PARAM_SCHEDULE_JSON in params)):
+        name = schedule_name_from_extra_key(getattr(req, "extra_key", None))
+        if name is not None:
+            params = {CUSTOM_PARAM_SCHEDULE: name}
     try:
         return schedule_from_custom_params(params, registry, default)
     except (ScheduleError, UnknownScheduleError, ValueError) as exc:
