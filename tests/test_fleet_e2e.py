@@ -108,6 +108,27 @@ def test_client_generate_body_carries_the_schedule_both_ways():
         generate_payload(named, schedule=SCHEDULE_NAME)
 
 
+def test_client_resends_the_same_rid_after_the_routers_500():
+    """What the router answers when a worker dies under a request and its retries are spent
+    (observed with sglang-router 0.3.2): the client re-sends the same body and returns one result."""
+    from sparrow_server.client import RetryPolicy, SparrowClient
+
+    bodies: list[dict] = []
+    cut = {"error": {"type": "Internal Server Error", "code": "call_upstream_request_error",
+                     "message": "error sending request for url (http://127.0.0.1:1/generate)"}}
+
+    def router(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        if len(bodies) == 1:
+            return httpx.Response(500, json=cut)
+        return httpx.Response(200, json={"output_ids": [5], "meta_info": {"id": bodies[-1]["rid"]}})
+
+    http = httpx.Client(transport=httpx.MockTransport(router), base_url="http://router")
+    with SparrowClient(http=http, retry=RetryPolicy(retries=2, backoff_s=0.0)) as client:
+        answer = client.generate({"input_ids": [1, 2]}, schedule=SCHEDULE_NAME)
+    assert len(bodies) == 2 and bodies[0] == bodies[1] and answer["meta_info"]["id"] == bodies[0]["rid"]
+
+
 # ---------------------------------------------------------------------------------------------
 # The fleet: 3 forked servers + the real router; kill one mid-rollout, restart it, check it rejoins.
 # ---------------------------------------------------------------------------------------------
