@@ -184,8 +184,15 @@ def test_weight_routes_validate_and_require_admin(ckpt):
         assert bad_mode.status_code == 422 and "mode" in bad_mode.json()["detail"]
         unknown = http.post("/update_weights_from_disk", json={"model_path": "x", "colour": 1}, headers=admin)
         assert unknown.status_code == 422
+        not_async = http.post("/update_weights_from_disk", json={"model_path": str(ckpt["b"]), "is_async": True},
+                              headers=admin)
+        assert not_async.status_code == 422 and not_async.json()["error"]["field"] == "is_async"
         assert http.post("/pause_generation", headers=admin).json()["paused"] == "abort"  # SGLang's default mode
         assert http.post("/continue_generation", headers=admin).json()["paused"] is None
         reply = http.post("/update_weights_from_disk", json={"model_path": str(ckpt["b"])}, headers=admin).json()
         assert reply["success"] and reply["weight_version"] == "1"
         assert http.get("/get_weight_version").json()["weight_version"] == "1"
+        held = http.post("/update_weights_from_disk", json={"model_path": str(ckpt["a"]), "weight_version": "2",
+                                                            "keep_pause": True}, headers=admin).json()
+        assert held["weight_version"] == "2" and http.get("/generation_state").json()["paused"] == "in_place"
+        assert http.post("/continue_generation", json={}, headers=admin).json()["paused"] is None
