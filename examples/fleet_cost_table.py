@@ -12,7 +12,8 @@ prints dense and sparse (the size's 0.86 preset) tokens/s per GPU, twice:
 
 Each row names the ``sparrow-server cost`` command that reproduces it. Then the fleet table:
 servers are independent for rollouts (one GPU each, the router only forwards), so a fleet of N
-GPUs is predicted at N times the per-GPU rate.
+GPUs is predicted at N times the per-GPU rate. Last, the bytes a weight update and a LoRA publish
+move to a fleet (arithmetic on the model shapes).
 
     PYTHONPATH=. python examples/fleet_cost_table.py > /tmp/fleet_cost.md
 """
@@ -39,6 +40,8 @@ PROMPT_LEN = 1024
 SAMPLES = 8
 FLEET_SIZES = (8, 64, 128)
 THRESHOLD = "0.86"
+LORA_RANK = 16  # DistillConfig's default rank, "all-linear" targets
+DISTRIBUTION_SERVERS = 128
 
 
 @dataclass(frozen=True)
@@ -104,12 +107,35 @@ def fleet_table(table: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lora_params(model_name: str, rank: int = LORA_RANK) -> int:
+    """Parameters of a rank-``rank`` LoRA on every linear layer of the blocks (q, k, v, o, gate, up, down)."""
+    m = resolve_model(model_name)
+    h, q, kv, i = m.hidden_size, m.num_q_heads * m.head_dim, m.num_kv_heads * m.head_dim, m.intermediate_size
+    per_layer = rank * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + i) + (i + h))
+    return per_layer * m.num_layers
+
+
+def distribution_table() -> str:
+    """Bytes a weight update and an adapter publish move to every server of a fleet."""
+    n = DISTRIBUTION_SERVERS
+    lines = [f"### What one update moves to {n} servers (bf16)", "",
+             f"| model | checkpoint | x {n} servers | LoRA r={LORA_RANK} all-linear | x {n} servers | KV bytes/token |",
+             "|---|---|---|---|---|---|"]
+    for name in MODELS:
+        m = resolve_model(name)
+        ckpt, lora = m.params * WEIGHT_BYTES_PER_PARAM, lora_params(name) * WEIGHT_BYTES_PER_PARAM
+        lines.append(f"| {name} | {ckpt / 1e9:.1f} GB | {n * ckpt / 1e12:.2f} TB | {lora / 1e6:.0f} MB | "
+                     f"{n * lora / 1e9:.1f} GB | {m.kv_bytes_per_token / 1e3:.0f} KB |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     bounded = rows(bounded=True)
     print(per_gpu_table(f"Per GPU, roofline (batch {DEFAULT_DECODE_BATCH}, no step overhead)", rows(bounded=False)))
     print(per_gpu_table(f"Per GPU, memory-bounded batch, {STEP_OVERHEAD_MS} ms step overhead", bounded))
     print(fleet_table(bounded))
+    print(distribution_table())
     return 0
 
 
