@@ -137,6 +137,9 @@ N_SERVERS = 3
 N_ROLLOUTS = 24
 CONCURRENCY = 6  # requests in flight at once, so the victim is busy when it dies
 CLIENT_RETRY = dict(retries=6, backoff_s=0.2)
+# round_robin: every server gets its share, deterministically. A generous health-check timeout keeps
+# a busy server from being dropped on a loaded machine; a killed one still drops at once (refused).
+ROUTER = dict(policy="round_robin", health_check_timeout_s=5)
 SERVER_ARGS = ("--device", "cpu", "--threads", "1", "--kv-pool-tokens", "8192", "--max-batch-size", "8",
                "--log-level", "warning")
 
@@ -219,7 +222,7 @@ def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[st
     """SIGKILL the victim while it decodes, wait until the router drops it, restart it on its port."""
     server = fleet.servers[victim]
     wait_for(lambda: httpx.get(f"{server.url}/health", timeout=2).json()["live_requests"] > 0, 30,
-              "the victim to have requests in flight", interval_s=0.02)
+             "the victim to have requests in flight", interval_s=0.02)
     server.kill()
     log.append("killed")
     router.wait_unhealthy(server.url, timeout_s=15)
@@ -283,7 +286,7 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
         for server in fleet.servers:  # control plane: straight to each server, not through the router
             assert httpx.put(f"{server.url}/schedules/{SCHEDULE_NAME}", json=SPARSE_SCHEDULE, timeout=10).status_code == 200
         urls = [s.url for s in fleet.servers]
-        with running_router(urls, tmp_path, RouterSettings(policy="round_robin")) as router:
+        with running_router(urls, tmp_path, RouterSettings(**ROUTER)) as router:
             phases["router up"] = time.monotonic() - started
             _check_routing_edges(router, fleet)
             _check_live_rid_refused(router, fleet)
