@@ -5,6 +5,7 @@ page under a sparse schedule), a fresh server started on the new weights; bad pa
 architectures answer 400 and the old weights keep serving; pause/continue over HTTP."""
 from __future__ import annotations
 
+import json
 import threading
 
 import httpx
@@ -196,3 +197,16 @@ def test_weight_routes_validate_and_require_admin(ckpt):
                                                             "keep_pause": True}, headers=admin).json()
         assert held["weight_version"] == "2" and http.get("/generation_state").json()["paused"] == "in_place"
         assert http.post("/continue_generation", json={}, headers=admin).json()["paused"] is None
+
+
+def test_weights_command_fans_out_and_exits_1_on_failure(servers, ckpt, capsys):
+    from sparrow_server.cli import main
+
+    updated, _ = servers
+    served = version(updated.url)
+    assert main(["weights", "pause", "--mode", "retract", "--url", updated.url]) == 0
+    assert json.loads(capsys.readouterr().out)[updated.url]["paused"] == "retract"
+    assert main(["weights", "resume", "--url", updated.url]) == 0
+    assert json.loads(capsys.readouterr().out)[updated.url]["paused"] is None
+    assert main(["weights", "update", str(ckpt["wider"]), "--url", updated.url]) == 1
+    assert "intermediate_size" in capsys.readouterr().err and version(updated.url) == served
