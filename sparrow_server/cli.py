@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "cost",
     "calibrate",
     "distill",
+    "weights",
 )
 
 
