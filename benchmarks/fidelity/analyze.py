@@ -57,9 +57,9 @@ def p5_table(work: Path, rollouts: list[dict], configs: list[str], bin_tokens: i
 
 
 def usable_bins(rollouts: list[dict], bin_tokens: int) -> int:
-    """Bins every rollout reaches to the end (a ragged last bin would pool few sequences)."""
+    """Bins every rollout reaches; the last one is open-ended (it also holds the longest rollouts' tail)."""
     shortest = min(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rollouts)
-    return max(1, shortest // bin_tokens)
+    return max(1, -(-shortest // bin_tokens))
 
 
 def cmd_calibrate(args) -> None:

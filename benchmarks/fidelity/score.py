@@ -8,7 +8,7 @@ in parallel with ``--shard i/n``).
 
     python benchmarks/fidelity/score.py grid --rollouts /tmp/fidelity-long --work /tmp/fid-work \\
         --budgets 64,128,192,256 --bin-tokens 128 --shard 0/2
-    python benchmarks/fidelity/score.py schedule --rollouts ... --work ... --name NAME --schedule FILE.json
+    python benchmarks/fidelity/score.py schedule --rollouts ... --work ... --split heldout --schedule A.json B.json
 """
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--budgets", default="64,128,192,256")
     parser.add_argument("--bin-tokens", type=int, default=128)
-    parser.add_argument("--schedule", type=Path, default=None, help="stage schedule: a schedule JSON file")
+    parser.add_argument("--schedule", type=Path, nargs="+", default=(), help="stage schedule: schedule JSON files")
     parser.add_argument("--split", default=None, help="only rollouts of this split")
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th rollout from the i-th")
     parser.add_argument("--threads", type=int, default=1)
@@ -84,7 +84,7 @@ def main() -> None:
     if args.stage == "grid":
         configs = [fixed_schedule(int(b), args.bin_tokens) for b in args.budgets.split(",")]
     else:
-        configs = [load_schedule(args.schedule)]
+        configs = [load_schedule(path) for path in args.schedule]
     scorer = HFScorer(load_model(None).model)
     args.work.mkdir(parents=True, exist_ok=True)
     with open(args.work / f"score-{args.stage}-{i}of{n}.log", "a") as f:
