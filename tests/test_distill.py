@@ -20,7 +20,7 @@ from sparrow_server.distill.train import dense_target, sequence_loss, wrap_with_
 from sparrow_server.engine.base import SamplingParams
 from sparrow_server.modeling.sparse_forward import teacher_forced_logits
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
-from tests.helpers.tiny_models import TINY_VOCAB, tiny_model
+from helpers.tiny_models import TINY_VOCAB, tiny_model
 
 # 4 pages of 16: sink + 2 recent + 1 selected page; layer 0 dense.
 TIGHT = Schedule(name="tight", budgets_tokens=(64,), page_size=16, dense_layers=(0,))

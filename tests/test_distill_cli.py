@@ -10,7 +10,7 @@ import torch
 from sparrow_server.cli import main
 from sparrow_server.distill import dump_rollouts, read_adapter_metadata
 from sparrow_server.distill.rollouts import Rollout, RolloutError, load_rollouts, split_heldout
-from tests.helpers.tiny_models import TINY_VOCAB, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, save_tiny_model
 
 SCHEDULE = {"name": "tight", "budgets_tokens": [64], "page_size": 16, "dense_layers": [0]}
 
