@@ -60,3 +60,18 @@ class AdapterRegistry:
         with self._lock:
             self._adapters[name] = AdapterInfo(name, str(path), time.time())
         return model
+
+    def detach(self, model: Any, name: str) -> Any:
+        """Unload adapter ``name`` from ``model``; returns the model to run (the plain base model once
+        the last adapter is gone: peft cannot run a ``PeftModel`` with no adapter)."""
+        with self._lock:
+            if name not in self._adapters:
+                raise UnknownAdapterError(name, tuple(sorted(self._adapters)))
+        if len(model.peft_config) == 1:
+            model = model.unload()  # removes the LoRA layers, returns the base model
+        else:
+            model.delete_adapter(name)
+        model.eval()
+        with self._lock:
+            del self._adapters[name]
+        return model

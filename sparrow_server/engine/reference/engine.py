@@ -125,6 +125,11 @@ class ReferenceEngine(Engine):
         with self._step_lock:
             self.runner.model = self.adapter_registry.attach(self.runner.model, name, path)
 
+    def unload_adapter(self, name: str) -> None:
+        """Unload adapter ``name`` (between steps). The caller ensures no request still uses it."""
+        with self._step_lock:
+            self.runner.model = self.adapter_registry.detach(self.runner.model, name)
+
     # ----- interface ---------------------------------------------------------------------
     def adapters(self) -> tuple[str, ...]:
         return self.adapter_registry.names()
