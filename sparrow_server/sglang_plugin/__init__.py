@@ -20,12 +20,13 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
 
-    from sparrow_server.sglang_plugin import hooks
+    from sparrow_server.sglang_plugin import hooks, weight_sync
 
     register_attention_backend(BACKEND_NAME)(create_backend)
     if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
         add_attention_backend_choices([BACKEND_NAME])
     hooks.install(HookRegistry, HookType)
+    weight_sync.install(HookRegistry, HookType)  # landmark flush + checkpoint preflight on weight updates
 
 
 __all__ = ["register", "create_backend", "BACKEND_NAME"]
