@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from sparrow_server.commands.serve_security import add_security_arguments, limits_from_args, security_from_args
+from sparrow_server.engine.adapter_registry import DEFAULT_MAX_LORA_RANK
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME
 
 DEFAULT_HOST = "127.0.0.1"
@@ -24,6 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--default-schedule", default=DENSE_SCHEDULE_NAME, help="schedule of requests that name none")
     p.add_argument("--state-dir", default=None, help="where registered schedules persist (default: user cache dir)")
     p.add_argument("--adapter", action="append", default=[], metavar="NAME=PATH", help="load a PEFT LoRA adapter (repeatable)")
+    p.add_argument("--max-lora-rank", type=int, default=DEFAULT_MAX_LORA_RANK, help="largest LoRA rank POST /adapters accepts")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda if available)")
     p.add_argument("--kv-pool-tokens", type=int, default=None, help="KV cache capacity of the reference engine, in tokens")
     p.add_argument("--max-batch-size", type=int, default=None, help="requests decoded together (reference engine)")
@@ -47,6 +49,7 @@ def build_app(args: argparse.Namespace):
     """The app ``serve`` runs (separate so tests and ``demo`` can build it in-process)."""
     import torch
 
+    from sparrow_server.engine.adapter_registry import default_adapter_manager
     from sparrow_server.engine.factory import EngineOptions, build_engine, default_engine_name
     from sparrow_server.server.app import create_app
     from sparrow_server.server.state import StateDir, default_state_dir
@@ -62,7 +65,9 @@ def build_app(args: argparse.Namespace):
     schedules.get(args.default_schedule)
     engine_name = args.engine or default_engine_name()
     built = build_engine(engine_name, options)
-    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer, security=security, limits=limits)
+    adapters = default_adapter_manager(built.engine, persist_dir=state.adapters, max_rank=args.max_lora_rank)
+    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer, security=security, limits=limits,
+                     adapters=adapters)
     summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
                f"state dir {state.root}; {security_summary}")
     return app, summary
