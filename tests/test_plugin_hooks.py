@@ -5,10 +5,11 @@ import pkgutil
 
 import pytest
 
-from sparrow_server.sglang_plugin import hooks
+from sparrow_server.sglang_plugin import hooks, weight_sync
 
 
-@pytest.mark.parametrize("target", [hooks.ALLOC_TARGET, hooks.INIT_NEW_TARGET, hooks.REPLAY_VIEW_TARGET])
+@pytest.mark.parametrize("target", [hooks.ALLOC_TARGET, hooks.INIT_NEW_TARGET, hooks.REPLAY_VIEW_TARGET,
+                                    weight_sync.FLUSH_TARGET, weight_sync.PREFLIGHT_TARGET])
 def test_hook_target_resolves(target):
     pytest.importorskip("sglang", reason="SGLang not installed (CPU CI); the GPU runs exercise the hooks")
     obj_path, attr = target.rsplit(".", 1)
