@@ -30,7 +30,7 @@ K8S = DEPLOY_DIR / "k8s"
 PROM = DEPLOY_DIR / "prometheus"
 RULES = PROM / "rules" / "sparrow.rules.yml"
 DOCKERFILE = DEPLOY_DIR / "docker" / "Dockerfile"
-COMPOSE_ENV = {"SPARROW_MODEL_DIR": "/tmp/model", "SPARROW_DEFAULT_SCHEDULE": "qwen3-8b-0.86"}
+COMPOSE_ENV = {"SPARROW_MODEL_DIR": "/tmp/model", "SPARROW_DEFAULT_SCHEDULE": "qwen3-8b-0.86", "SPARROW_API_KEY": "test-key"}
 API_PORT, ROUTER_METRICS_PORT = 30000, 29000
 
 
