@@ -230,3 +230,21 @@ def test_dense_verification_ignores_the_adapter(roots):
     expected = exact_acceptance(sparse.double(), dense.double()).numpy()
     assert meta["acceptance_mean"] < 0.99
     assert meta["acceptance_mean"] == pytest.approx(float(np.mean(expected)), abs=1e-4)
+
+
+def test_publish_to_a_fleet(roots):
+    from sparrow_server.distill.publish import PublishError, publish
+
+    (app_a, engine_a, _), (app_b, engine_b, _) = _app(roots), _app(roots)
+    with live_server(app_a) as a, live_server(app_b) as b:
+        first = publish([a.url, b.url], "v1", str(roots / "v1"), alias="distill-latest")
+        assert [(p.name, p.previous) for p in first] == [("v1", None), ("v1", None)]
+        second = publish([a.url, b.url], "v2", str(roots / "v2"), alias="distill-latest")
+        assert [(p.name, p.previous) for p in second] == [("v2", "v1"), ("v2", "v1")]
+        for url, engine in ((a.url, engine_a), (b.url, engine_b)):
+            listing = httpx.get(url + "/adapters").json()
+            assert listing["aliases"] == {"distill-latest": "v2"} and engine.adapters() == ("v2",)
+        with pytest.raises(PublishError) as exc:
+            publish([a.url], "v3", "/etc", alias="distill-latest")  # outside the adapter root: 403
+        assert a.url in exc.value.failures and "403" in exc.value.failures[a.url]
+        assert httpx.get(a.url + "/adapters").json()["aliases"] == {"distill-latest": "v2"}  # unchanged

@@ -47,6 +47,10 @@ def register(subparsers) -> None:
     p.add_argument("--temperature", type=float, default=dc.DEFAULT_TEMPERATURE, help="rollout/logprob temperature")
     p.add_argument("--heldout-fraction", type=float, default=dc.DEFAULT_HELDOUT_FRACTION)
     p.add_argument("--seed", type=int, default=dc.DEFAULT_SEED)
+    p.add_argument("--publish", default=None, metavar="URL,URL",
+                   help="then load the adapter on these servers, move --alias to it, unload the previous version")
+    p.add_argument("--alias", default=None, help="alias to move when publishing (default: distill-latest)")
+    p.add_argument("--adapter-name", default=None, help="version name when publishing (default: the --out folder name)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--device", default="cpu")
     p.set_defaults(func=run)
@@ -136,4 +140,18 @@ def _train_and_save(args, model, rollouts, heldout, schedule, compare, config) -
     out = save_adapter(peft_model, report, args.out)
     summary = {k: v for k, v in report_to_dict(report).items() if k not in ("config", "loss_curve")}
     print(json.dumps({"adapter": str(out), **summary}, indent=2))
+    return _publish(args, out) if args.publish else 0
+
+
+def _publish(args, out: Path) -> int:
+    from sparrow_server.distill.publish import DEFAULT_ALIAS, PublishError, publish
+
+    servers = [u.strip() for u in args.publish.split(",") if u.strip()]
+    name, alias = args.adapter_name or out.name, args.alias or DEFAULT_ALIAS
+    try:
+        for p in publish(servers, name, str(out.resolve()), alias):
+            print(f"published {p.name} on {p.server} as {p.alias!r}"
+                  + (f" (unloaded {p.previous})" if p.previous else ""), file=sys.stderr)
+    except PublishError as exc:
+        return _fail(f"--publish: {exc}")
     return 0
