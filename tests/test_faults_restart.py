@@ -1,4 +1,5 @@
-"""A killed (SIGKILL) server restarts with its registered schedules; SIGTERM drains and exits.
+"""A killed (SIGKILL) server restarts with its registered schedules and its adapter registry
+(versions and aliases); SIGTERM drains and exits.
 The restarted server also runs with an API key (one subprocess start serves both checks): admin
 and, under ``--require-auth-for-rollouts``, generation routes need it, and it is never logged.
 Real ``serve`` subprocesses on a tiny random model."""
@@ -10,9 +11,11 @@ import threading
 
 import httpx
 import pytest
+import torch
+from peft import LoraConfig, get_peft_model
 
 from helpers.server_util import ServerProcess
-from helpers.tiny_models import save_tiny_model
+from helpers.tiny_models import save_tiny_model, tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +23,29 @@ SCHEDULE_A = {"budgets_tokens": [64, 128], "dense_layers": [0], "description": "
 SCHEDULE_B = {"budgets_tokens": [96], "dense_layers": [1]}
 KEY = "restart-key-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def make_adapter(directory):
+    """A random (non-zero) PEFT LoRA for the tiny model."""
+    torch.manual_seed(7)
+    lora = LoraConfig(r=4, lora_alpha=16, target_modules="all-linear", init_lora_weights=False)
+    get_peft_model(tiny_model(), lora).save_pretrained(str(directory))
+    return directory
+
+
+def load_adapter_with_alias(url: str) -> None:
+    """Load ``crash-v1`` (a path relative to the adapter root) under the alias ``crash-latest``."""
+    r = httpx.post(f"{url}/adapters", json={"name": "crash-v1", "path": "v1"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert httpx.put(f"{url}/adapters/aliases/crash-latest", json={"name": "crash-v1"}, timeout=30).status_code == 200
+
+
+def check_adapters_restored(url: str) -> None:
+    listing = httpx.get(f"{url}/adapters", timeout=30).json()
+    assert "crash-v1" in json.dumps(listing["adapters"]) and listing["aliases"].get("crash-latest") == "crash-v1"
+    body = {"input_ids": [1, 2, 3], "adapter": "crash-latest", "sampling_params": {"max_new_tokens": 2}}
+    r = httpx.post(f"{url}/rollout", json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.json()["meta"]["adapter"] == "crash-v1", r.text
 
 
 def check_auth(url: str) -> None:
@@ -37,11 +63,13 @@ def check_auth(url: str) -> None:
 
 def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path, monkeypatch):
     model = save_tiny_model(tmp_path / "model")
+    roots = ("--adapter-root", str(make_adapter(tmp_path / "adapters" / "v1").parent))
     state = tmp_path / "state"
-    first = ServerProcess(model, state)
+    first = ServerProcess(model, state, *roots)
     try:
         assert httpx.put(f"{first.url}/schedules/persist-a", json=SCHEDULE_A, timeout=30).status_code == 200
         expected_a = httpx.get(f"{first.url}/schedules/persist-a", timeout=30).json()
+        load_adapter_with_alias(first.url)
     finally:
         first.proc.kill()  # no shutdown code runs
         first.proc.wait(30)
@@ -49,9 +77,11 @@ def test_kill_restart_restores_schedules_and_sigterm_drains(tmp_path, monkeypatc
     (state / "schedules" / ".persist-c.crash.tmp").write_text('{"name": "persist-c", "budg')  # a write cut by a crash
 
     monkeypatch.setenv("SPARROW_API_KEY", KEY)  # inherited by the server
-    second = ServerProcess(model, state, "--drain-timeout-s", "0.5", "--require-auth-for-rollouts", "--log-level", "info")
+    second = ServerProcess(model, state, *roots, "--drain-timeout-s", "0.5", "--require-auth-for-rollouts",
+                           "--log-level", "info")
     try:
         assert httpx.get(f"{second.url}/schedules/persist-a", timeout=30).json() == expected_a
+        check_adapters_restored(second.url)
         assert httpx.get(f"{second.url}/schedules/persist-c", timeout=30).status_code == 404
         check_auth(second.url)
         rollout = httpx.post(f"{second.url}/rollout", json={"input_ids": [1, 2, 3], "schedule": "persist-a",
