@@ -195,3 +195,13 @@ def test_config_errors_name_the_field(field, value):
     with pytest.raises(DistillConfigError) as exc:
         DistillConfig(**{field: value})
     assert exc.value.field == field and field in str(exc.value)
+
+
+def test_fingerprint_samples_stay_in_bounds_for_large_parameters():
+    from sparrow_server.distill.fingerprint import SAMPLES_PER_PARAMETER, _value_sample
+
+    big = torch.zeros(2**24 + 3, dtype=torch.int8)  # float positions would round past the end here
+    big[-1] = 7
+    sample = _value_sample(big)
+    assert sample.shape == (SAMPLES_PER_PARAMETER,)
+    assert sample[-1] == torch.tensor(7.0, dtype=torch.bfloat16).view(torch.int16)

@@ -54,5 +54,6 @@ def _base_parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
 def _value_sample(param: torch.Tensor) -> torch.Tensor:
     """SAMPLES_PER_PARAMETER evenly spaced values, as bfloat16 bit patterns (int16)."""
     flat = param.detach().reshape(-1)
-    idx = torch.linspace(0, flat.numel() - 1, SAMPLES_PER_PARAMETER, device=flat.device).round().long()
+    # Integer arithmetic: float positions (linspace) round past the end for large tensors.
+    idx = torch.arange(SAMPLES_PER_PARAMETER, device=flat.device) * (flat.numel() - 1) // (SAMPLES_PER_PARAMETER - 1)
     return flat[idx].to(torch.bfloat16).view(torch.int16).cpu()
