@@ -17,8 +17,8 @@ Through a router (data plane ``/generate`` via the router, control plane to each
         --server http://rollout-0:30000 --server http://rollout-1:30000 --schedule qwen3-8b-0.86 \\
         --model /models/Qwen3-8B
 
-The router drops ``custom_params``, so behind it the servers' ``--default-schedule`` serves the
-rollouts; the log's ``schedule`` column says which one did. See examples/README.md.
+The client sends the schedule in ``extra_key`` too, the field the router keeps; the log's
+``schedule`` column says which schedule served the samples. See examples/README.md.
 """
 from __future__ import annotations
 
@@ -68,6 +68,7 @@ class LoopConfig:
     distill_every: int = 0  # 0: no DistillSparse
     distill_steps: int = 4
     publish: bool = False
+    adapter_dir: str | None = None  # where adapters are written (under the servers' --adapter-root); default <out_dir>/adapters
     sync_initial: bool = False  # push the trainer's starting weights first (version "0")
 
     def __post_init__(self) -> None:
@@ -144,6 +145,7 @@ class GRPOLoop:
         self.problems = arithmetic_problems(config.steps * config.prompts_per_step, config.seed)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.adapters = Path(config.adapter_dir) if config.adapter_dir else self.out / "adapters"
 
     def close(self) -> None:
         self.sampler.close()
@@ -190,7 +192,7 @@ class GRPOLoop:
         if not c.distill_every or step % c.distill_every:
             return None, 0.0
         start = time.monotonic()
-        path, report = distill_adapter(self.model, samples, self.schedule, self.out / "adapters" / f"distill-step-{step}",
+        path, report = distill_adapter(self.model, samples, self.schedule, self.adapters / f"distill-step-{step}",
                                        c.distill_steps)
         if report.before and report.after:
             print(f"  distill: held-out p5 acceptance {report.before.p5:.3f} -> {report.after.p5:.3f} ({path})")
@@ -199,11 +201,8 @@ class GRPOLoop:
     def _maybe_publish(self, step: int, adapter_dir: Path | None) -> str | None:
         if adapter_dir is None or not self.config.publish:
             return self.sampler.adapter
-        alias = publish_adapter(self.config.servers, f"distill-step-{step}", adapter_dir, self.config.api_key)
-        if alias is None:
-            print(f"  publish: the servers have no POST /adapters; {adapter_dir} stays on disk, rollouts stay on the base")
-        self.sampler.adapter = alias
-        return alias
+        self.sampler.adapter = publish_adapter(self.config.servers, adapter_dir.name, adapter_dir, self.config.api_key)
+        return self.sampler.adapter
 
     def _log(self, step, samples, rewards, update, rollout_s, train_s, sync_s, distill_s, adapter, example) -> StepLog:
         dense = [torch.tensor(d, dtype=torch.float64) for d in update.dense_logprobs]
@@ -273,6 +272,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
     p.add_argument("--distill-every", type=int, default=0, help="train a DistillSparse LoRA every K steps")
     p.add_argument("--distill-steps", type=int, default=d.distill_steps, help="optimizer steps per distillation")
     p.add_argument("--publish", action="store_true", help="load the adapter on the servers and sample with it")
+    p.add_argument("--adapter-dir", default=None,
+                   help="where adapters are written: a folder under the servers' --adapter-root (default OUT_DIR/adapters)")
     p.add_argument("--sync-initial", action="store_true", help="push the trainer's starting weights before step 1")
     a = p.parse_args(argv)
     return LoopConfig(
@@ -280,7 +281,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
         prompts_per_step=a.prompts_per_step, samples_per_prompt=a.samples_per_prompt, max_new_tokens=a.max_new_tokens,
         temperature=a.temperature, lr=a.lr, tis_cap=a.tis_cap, seed=a.seed, out_dir=a.out_dir, threads=a.threads,
         api_key=a.api_key, distill_every=a.distill_every, distill_steps=a.distill_steps, publish=a.publish,
-        sync_initial=a.sync_initial,
+        adapter_dir=a.adapter_dir, sync_initial=a.sync_initial,
     )
 
 

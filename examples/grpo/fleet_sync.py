@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sparrow_server.client import SparrowError, update_weights
-from sparrow_server.client.common import raise_for_status
 from sparrow_server.sparsity.schedule import Schedule, schedule_from_dict
 
 from .sampling import Sample, http_client
@@ -25,7 +24,7 @@ DEMO_SCHEDULE: dict[str, Any] = {
     "description": "examples/grpo_loop.py toy schedule: 48 KV tokens per sparse layer",
 }
 CHECKPOINT_PREFIX = "policy-step-"
-ADAPTER_ALIAS = "distill-latest"
+ADAPTER_ALIAS = "distill-latest"  # sparrow_server.distill.publish's default alias
 
 
 def ensure_schedule(urls: Sequence[str], name: str, api_key: str | None = None) -> Schedule:
@@ -75,17 +74,12 @@ def distill_adapter(policy: Any, samples: Sequence[Sample], schedule: Schedule, 
     return save_adapter(peft_model, report, out), report
 
 
-def publish_adapter(urls: Sequence[str], name: str, path: Path, api_key: str | None = None) -> str | None:
-    """Load ``path`` under the immutable ``name`` on every server and point ``distill-latest`` at it
-    (issue 5's ``POST /adapters`` and ``PUT /adapters/aliases/{alias}``). Returns the alias to send,
-    or None when a server has no adapter endpoints (the adapter stays on disk, unused)."""
-    for url in urls:
-        with http_client(url, api_key) as client:
-            try:
-                raise_for_status(client.http.post("/adapters", json={"name": name, "path": str(path.resolve())}))
-                raise_for_status(client.http.put(f"/adapters/aliases/{ADAPTER_ALIAS}", json={"name": name}))
-            except SparrowError as exc:
-                if exc.status in (404, 405):
-                    return None
-                raise
+def publish_adapter(urls: Sequence[str], name: str, path: Path, api_key: str | None = None) -> str:
+    """Load ``path`` under the immutable ``name`` on every server, point ``distill-latest`` at it and
+    unload the version it pointed at before, once drained (``sparrow_server.distill.publish``; at a
+    step boundary nothing is in flight). ``path`` must lie under each server's ``--adapter-root``.
+    Returns the alias to send with rollouts."""
+    from sparrow_server.distill.publish import publish
+
+    publish(list(urls), name, str(path.resolve()), ADAPTER_ALIAS, api_key)
     return ADAPTER_ALIAS

@@ -2,9 +2,9 @@
 
 * ``RolloutSampler`` sends ``POST /rollout`` straight to the servers (prompts spread round-robin),
   with the schedule and adapter as top-level fields.
-* ``GenerateSampler`` sends SGLang's ``POST /generate`` to a router (or one server). The schedule
-  goes in ``sampling_params.custom_params.sparrow_schedule``; SGLang's router drops that field
-  (docs/fleet.md), so behind a router the servers' ``--default-schedule`` serves the request.
+* ``GenerateSampler`` sends SGLang's ``POST /generate`` to a router (or one server). The client
+  puts the schedule in ``sampling_params.custom_params.sparrow_schedule`` and in ``extra_key``
+  (``sparrow_schedule=NAME``), the one of the two that SGLang's router keeps (docs/fleet.md).
   Every sample records the schedule the server reports, and the importance weights use the
   logprobs the server returned, so the correction stays right whichever schedule served it.
 
@@ -23,8 +23,6 @@ import httpx
 from sparrow_server.client import SparrowClient
 from sparrow_server.client.common import DEFAULT_TIMEOUT_S
 from sparrow_server.client.types import RolloutResult
-
-SCHEDULE_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
 
 
 @dataclass(frozen=True)
@@ -108,8 +106,7 @@ class GenerateSampler:
         body: dict[str, Any] = {
             "input_ids": list(prompt), "rid": uuid.uuid4().hex, "return_logprob": True,
             "sampling_params": {"max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature,
-                                "n": settings.n, "sampling_seed": settings.seed + index * settings.n,
-                                "custom_params": {SCHEDULE_PARAM: self.schedule}},
+                                "n": settings.n, "sampling_seed": settings.seed + index * settings.n},
         }
         if self.adapter:
             body["lora_path"] = self.adapter
@@ -117,7 +114,7 @@ class GenerateSampler:
 
     def sample(self, prompts: Sequence[Sequence[int]], settings: SamplingSettings) -> list[Sample]:
         def one(index: int) -> list[Sample]:
-            answer = self.client.generate(self.payload(prompts[index], index, settings))
+            answer = self.client.generate(self.payload(prompts[index], index, settings), schedule=self.schedule)
             answers = answer if isinstance(answer, list) else [answer]
             return [_from_generate(index, prompts[index], a) for a in answers]
 
