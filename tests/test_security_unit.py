@@ -6,6 +6,8 @@ import os
 import pytest
 from fastapi import Depends, FastAPI, Request
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from sparrow_server.server.security import (
@@ -135,3 +137,16 @@ def test_token_compare_and_repr():
                                            ("10.0.0.1", False), ("example.com", False)])
 def test_is_loopback_host(host, loopback):
     assert is_loopback_host(host) is loopback
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.text(max_size=40), st.text(alphabet="./a\x00~", max_size=40), st.just("a" * 5000),
+                 st.lists(st.sampled_from(["..", ".", "a1", "escape", "", "/"]), max_size=8).map("/".join)))
+def test_resolve_inside_never_escapes_or_crashes(roots, given):
+    root, _ = roots
+    try:
+        resolved = resolve_inside(given, [root])
+    except PathNotAllowedError as exc:
+        assert exc.field == "path" and exc.path == given
+        return
+    assert resolved.is_relative_to(root.resolve()) and resolved == resolved.resolve()
