@@ -103,3 +103,10 @@ def test_sampled_verification_feeds_metrics_only(client):
         assert time.monotonic() < deadline, "the background verification never finished"
         time.sleep(0.2)
     assert metric(client, "sparrow_verified_tokens_total", schedule=SCHEDULE.name) == before + len(out["token_ids"])
+
+
+def test_serve_refuses_a_bad_verify_fraction(tmp_path, capsys):
+    from sparrow_server.cli import main
+
+    assert main(["serve", "--verify-fraction", "1.5", "--state-dir", str(tmp_path)]) == 2
+    assert "--verify-fraction" in capsys.readouterr().err

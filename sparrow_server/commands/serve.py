@@ -31,6 +31,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-batch-size", type=int, default=None, help="requests decoded together (reference engine)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (reference engine)")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--verify-fraction", type=float, default=None,
+                   help="share of rollouts re-scored densely for the acceptance metrics (default 5%%; "
+                        "requests with verify: true always are)")
     add_security_arguments(p)
     p.set_defaults(func=run)
 
@@ -56,6 +59,9 @@ def build_app(args: argparse.Namespace):
     from sparrow_server.sparsity.registry import ScheduleRegistry
 
     security, security_summary = security_from_args(args)
+    if args.verify_fraction is not None and not 0.0 <= args.verify_fraction <= 1.0:
+        raise ValueError(f"--verify-fraction {args.verify_fraction!r}: must be in [0, 1]")
+    verify = {} if args.verify_fraction is None else {"verify_fraction": args.verify_fraction}
     limits = limits_from_args(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
@@ -67,7 +73,7 @@ def build_app(args: argparse.Namespace):
     built = build_engine(engine_name, options)
     adapters = default_adapter_manager(built.engine, persist_dir=state.adapters, max_rank=args.max_lora_rank)
     app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer, security=security, limits=limits,
-                     adapters=adapters)
+                     adapters=adapters, **verify)
     summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
                f"state dir {state.root}; {security_summary}")
     return app, summary
