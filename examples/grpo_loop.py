@@ -118,6 +118,7 @@ class StepLog:
                 f"{self.rollout_tokens_per_s:.1f} tok/s | train {self.train_s:.1f} s | sync {self.sync_s:.1f} s | "
                 f"sampled w={','.join(self.sampled_weight_versions)} -> pushed w={self.pushed_weight_version} | "
                 f"schedule {','.join(self.schedules_served)} (kv {self.kv_budget_tokens_mean or 0:.0f})"
+                + (f" | distill {self.distill_s:.1f} s" if self.distill_s else "")
                 + (f" | adapter {self.adapter}" if self.adapter else "") + f"\n  e.g. {self.example}")
 
 
