@@ -163,3 +163,23 @@ def test_through_the_real_router(server, model_dir, tmp_path):
                                   echo=lambda _: None)
     assert x.schedules_served == (DEMO_SCHEDULE_NAME,) and x.samples == 6
     assert x.kv_budget_tokens_mean < 60 and x.sampled_weight_versions == ("0",)
+
+
+def test_fleet_cost_table_matches_docs_and_peft(tmp_path):
+    """docs/scaling.md's per-GPU rows are what examples/fleet_cost_table.py prints, and its LoRA size
+    formula equals peft's trainable-parameter count."""
+    import fleet_cost_table as fct
+    from peft import LoraConfig, get_peft_model
+
+    from helpers.tiny_models import tiny_model
+
+    doc = (REPO / "docs" / "scaling.md").read_text()
+    for row in fct.rows(bounded=True):
+        line = (f"| {row.hardware.upper()} | {row.model} | {row.gen_len // 1024}K | {row.batch} | {row.dense:,.0f} | "
+                f"{row.sparse:,.0f} | {row.speedup:.2f}x |")
+        assert line in doc, line
+    model = tiny_model("qwen3")
+    model.config.save_pretrained(tmp_path)
+    peft_model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert fct.lora_params(str(tmp_path / "config.json"), rank=4) == trainable
