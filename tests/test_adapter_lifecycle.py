@@ -248,3 +248,16 @@ def test_publish_to_a_fleet(roots):
             publish([a.url], "v3", "/etc", alias="distill-latest")  # outside the adapter root: 403
         assert a.url in exc.value.failures and "403" in exc.value.failures[a.url]
         assert httpx.get(a.url + "/adapters").json()["aliases"] == {"distill-latest": "v2"}  # unchanged
+
+
+def test_fingerprint_follows_weight_updates(roots, tmp_path):
+    """After a weight update the server checks adapters against its new base, not the one it started with."""
+    new_base = make_adapter(tmp_path / "new-base", seed=8, fingerprint=model_fingerprint(tiny_model(seed=7)))
+    base = {"model": tiny_model()}
+    m = AdapterManager(_FakeEngine(), max_rank=8, base_fingerprint=lambda: model_fingerprint(base["model"]))
+    m.load("v1", roots / "v1")
+    base["model"] = tiny_model(seed=7)  # the server's weights change (update_weights)
+    with pytest.raises(AdapterRequestError, match="another base model"):
+        m.load("v2", roots / "v2")  # trained on the old base: refused now
+    m.load("v3", new_base)  # trained on the updated base: accepted
+    assert m.names() == ("v1", "v3")

@@ -68,7 +68,6 @@ class AdapterManager:
         self.engine = engine
         self.max_rank = max_rank
         self._fingerprint_fn = base_fingerprint or (lambda: None)
-        self._fingerprint: str | None = None
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
         self._versions: dict[str, AdapterVersion] = {}
         self._aliases: dict[str, str] = {}
@@ -239,9 +238,8 @@ class AdapterManager:
         return problems
 
     def _base_fingerprint(self) -> str | None:
-        if self._fingerprint is None:
-            self._fingerprint = self._fingerprint_fn()
-        return self._fingerprint
+        """Recomputed at every load (cheap: a few values per parameter): weight updates change the base."""
+        return self._fingerprint_fn()
 
     def _save(self) -> None:
         if self.persist_dir is None:
