@@ -18,3 +18,19 @@ done
 wait
 python benchmarks/fidelity/analyze.py report --rollouts "$R" --work "$W" --budgets $BUDGETS --bin-tokens 64 \
   --out benchmarks/results
+
+# Finer budget grid (adds 160 and 224), same target 0.89: section (c)'s main comparison.
+W2=${WORK_FINE:-/tmp/fid-work320b}
+FINE=64,128,160,192,224,256
+mkdir -p "$W2/acc" && cp "$W"/acc/*fixed-*.npy "$W2/acc/"
+python benchmarks/fidelity/score.py grid --rollouts "$R" --work "$W2" --budgets 160,224 --shard 0/2 &
+python benchmarks/fidelity/score.py grid --rollouts "$R" --work "$W2" --budgets 160,224 --shard 1/2
+wait
+python benchmarks/fidelity/analyze.py calibrate --rollouts "$R" --work "$W2" --budgets $FINE --bin-tokens 64 --target 0.89
+for i in 0 1; do
+  python benchmarks/fidelity/score.py schedule --rollouts "$R" --work "$W2" --split heldout --shard $i/2 \
+    --schedule "$W2/schedule.json" "$W2/matched.json" &
+done
+wait
+python benchmarks/fidelity/analyze.py report --rollouts "$R" --work "$W2" --budgets $FINE --bin-tokens 64 \
+  --out benchmarks/results/fidelity/fine
