@@ -177,7 +177,7 @@ class GRPOLoop:
         adapter_dir, distill_s = self._maybe_distill(step, samples)
         t3 = time.monotonic()
         self.push(step)
-        adapter = self._maybe_publish(step, adapter_dir)
+        adapter = self._maybe_publish(adapter_dir)
         t4 = time.monotonic()
         example = f"{problems[0].question!r} -> {texts[0]!r} (reward {float(rewards[0, 0]):g})"
         return self._log(step, samples, rewards, update, t1 - t0, t2 - t1, t4 - t3, distill_s, adapter, example)
@@ -199,7 +199,7 @@ class GRPOLoop:
             print(f"  distill: held-out p5 acceptance {report.before.p5:.3f} -> {report.after.p5:.3f} ({path})")
         return path, time.monotonic() - start
 
-    def _maybe_publish(self, step: int, adapter_dir: Path | None) -> str | None:
+    def _maybe_publish(self, adapter_dir: Path | None) -> str | None:
         if adapter_dir is None or not self.config.publish:
             return self.sampler.adapter
         self.sampler.adapter = publish_adapter(self.config.servers, adapter_dir.name, adapter_dir, self.config.api_key)

@@ -3,7 +3,6 @@ in-process, the loop closed (the server serves the trainer's updated weights), b
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sparrow_server.client import SparrowError, update_weights
+from sparrow_server.distill.publish import DEFAULT_ALIAS, publish
 from sparrow_server.sparsity.schedule import Schedule, schedule_from_dict
 
 from .sampling import Sample, http_client
@@ -24,7 +25,6 @@ DEMO_SCHEDULE: dict[str, Any] = {
     "description": "examples/grpo_loop.py toy schedule: 48 KV tokens per sparse layer",
 }
 CHECKPOINT_PREFIX = "policy-step-"
-ADAPTER_ALIAS = "distill-latest"  # sparrow_server.distill.publish's default alias
 
 
 def ensure_schedule(urls: Sequence[str], name: str, api_key: str | None = None) -> Schedule:
@@ -79,7 +79,5 @@ def publish_adapter(urls: Sequence[str], name: str, path: Path, api_key: str | N
     unload the version it pointed at before, once drained (``sparrow_server.distill.publish``; at a
     step boundary nothing is in flight). ``path`` must lie under each server's ``--adapter-root``.
     Returns the alias to send with rollouts."""
-    from sparrow_server.distill.publish import publish
-
-    publish(list(urls), name, str(path.resolve()), ADAPTER_ALIAS, api_key)
-    return ADAPTER_ALIAS
+    publish(list(urls), name, str(path.resolve()), DEFAULT_ALIAS, api_key)
+    return DEFAULT_ALIAS
