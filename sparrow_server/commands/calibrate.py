@@ -125,7 +125,10 @@ def run(args: argparse.Namespace) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(dump_schedule(result.schedule))
     report_dir = args.report_dir or args.out.with_name(args.out.stem + REPORT_SUFFIX)
-    write_report(result, report_dir, shape, plots=not args.no_plots)
+    try:
+        write_report(result, report_dir, shape, plots=not args.no_plots)
+    except RuntimeError as exc:  # matplotlib missing: the schedule and report.json are written
+        print(f"warning: {exc}", file=sys.stderr)
     print_summary(result, args.out, report_dir)
     if args.register:
         from sparrow_server.client import SparrowClient
