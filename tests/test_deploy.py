@@ -529,7 +529,10 @@ def test_dashboard_queries_return_data_from_contract_metrics(tmp_path: Path):
     feeder.start()
     try:
         def enough_samples() -> bool:
-            result = httpx.get(f"{api}/query", params={"query": "count_over_time(up[1m])"}).json()["data"]["result"]
+            response = httpx.get(f"{api}/query", params={"query": "count_over_time(up[1m])"})
+            if response.status_code != 200:  # Prometheus answers 503 "Service Unavailable" while it starts
+                return False
+            result = response.json()["data"]["result"]
             return bool(result) and float(result[0]["value"][1]) >= 3
 
         wait_until(enough_samples, 30, "three scrapes of the contract exporter (Prometheus waits ~5 s before the first)", interval_s=0.25)
