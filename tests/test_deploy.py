@@ -479,7 +479,7 @@ def _contract_exporter():
     rows = [CONTRACT_ROW.match(line.strip()) for line in (REPO_ROOT / "docs" / "metrics.md").read_text().splitlines()]
     kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
     values = {"schedule": "qwen3-8b-0.86", "length_bin": "3", "endpoint": "generate", "status": "ok", "adapter": "",
-              "weight_version": "v1"}
+              "weight_version": "v1", "reason": "queue_full"}
     metrics = []
     for row in filter(None, rows):
         name, kind, label_text = row.groups()
