@@ -25,12 +25,7 @@ from sparrow_server.server.security import SecurityConfig
 from sparrow_server.stats.acceptance import exact_acceptance
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # see tests/test_distill.py
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_adapter(directory, seed: int, rank: int = 4, fingerprint: str | None = "auto"):

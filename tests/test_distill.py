@@ -27,14 +27,7 @@ TIGHT = Schedule(name="tight", budgets_tokens=(64,), page_size=16, dense_layers=
 PROMPT_LEN = 96  # longer than the budget: every generated token is decoded sparsely
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls gain nothing from threads, and on a loaded CI box OpenMP spin-waits make them
-    30x slower (measured: 460 s vs 15 s for the training fixture); restored afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _random_rollouts(n: int, length: int, prompt_len: int, seed: int = 0) -> list[Rollout]:

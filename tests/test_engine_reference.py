@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from helpers.engine_util import collect, run_requests
 from helpers.tiny_models import (
@@ -22,12 +21,7 @@ SPARSE = Schedule(name="tiny-sparse", budgets_tokens=(64,), dense_layers=(0,))
 TOL = 1e-4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

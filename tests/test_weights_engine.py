@@ -26,12 +26,7 @@ TOL = 1e-4
 ABORTED_MAX_NEW = 500  # requests the tests abort: far from finishing when the abort lands
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
