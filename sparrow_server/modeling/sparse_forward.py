@@ -61,7 +61,8 @@ def position_budgets(schedule: Schedule, seq_len: int, prompt_len: int) -> Tenso
 
 
 @contextlib.contextmanager
-def _attn_implementation(model, name: str):
+def attention_implementation(model, name: str):
+    """Switch a transformers model to another registered attention implementation, then back."""
     previous = model.config._attn_implementation
     model.set_attn_implementation(name)
     try:
@@ -80,7 +81,7 @@ def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: S
     ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len))
     token = _CONTEXT.set(ctx)
     try:
-        with _attn_implementation(model, ATTN_NAME):
+        with attention_implementation(model, ATTN_NAME):
             out = model(input_ids=ids, use_cache=False)
     finally:
         _CONTEXT.reset(token)

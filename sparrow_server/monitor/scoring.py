@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sparrow_server.modeling.sparse_forward import teacher_forced_logits
+from sparrow_server.modeling.sparse_forward import attention_implementation, teacher_forced_logits
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
 
@@ -93,16 +93,6 @@ def adapter_scope(model: Any, adapter: str | None):
         yield
     finally:
         model.set_adapter(previous)
-
-
-@contextlib.contextmanager
-def attention_implementation(model: Any, name: str):
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
 
 
 class HFScorer:
