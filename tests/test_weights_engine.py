@@ -24,6 +24,7 @@ LONG_PROMPT = tuple((i * 11 + 5) % (TINY_VOCAB - 1) for i in range(100))  # 7 pa
 SPARSE = Schedule(name="tiny-sparse", budgets_tokens=(48,), dense_layers=(0,), sink_pages=1, recent_pages=1)
 TOL = 1e-4
 ABORTED_MAX_NEW = 500  # requests the tests abort: far from finishing when the abort lands
+PAUSED_MAX_NEW = 200  # requests the tests pause: still running when the pause lands, even on an idle machine
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -272,8 +273,8 @@ def test_pause_in_place_freezes_and_continue_resumes(ckpt):
     sync = engine.weight_sync
 
     async def go():
-        baseline = await run(engine, req("base", max_new=40))
-        running = Stream(engine, req("run", max_new=40))
+        baseline = await run(engine, req("base", max_new=PAUSED_MAX_NEW))
+        running = Stream(engine, req("run", max_new=PAUSED_MAX_NEW))
         await running.until(5)
         state = await sync.pause_generation("in_place")
         await asyncio.sleep(0.05)
@@ -295,8 +296,8 @@ def test_pause_retract_frees_kv_and_recomputes_it_on_continue(ckpt):
     sync = engine.weight_sync
 
     async def go():
-        baseline = await run(engine, req("base", max_new=40))
-        running = Stream(engine, req("run", max_new=40))
+        baseline = await run(engine, req("base", max_new=PAUSED_MAX_NEW))
+        running = Stream(engine, req("run", max_new=PAUSED_MAX_NEW))
         await running.until(5)
         state = await sync.pause_generation("retract")
         free = engine.cache.free_pages
@@ -315,7 +316,8 @@ def test_update_while_retracted_aborts_requests_holding_old_tokens(ckpt):
     sync = engine.weight_sync
 
     async def go():
-        running = Stream(engine, req("run", max_new=60))
+        # far from finishing when the retract lands (60 tokens could end first on an idle machine)
+        running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
         await running.until(3)
         await sync.pause_generation("retract")
         queued = Stream(engine, req("queued"))  # no tokens yet: it simply runs on the new weights
@@ -335,7 +337,7 @@ def test_update_while_paused_in_place_is_refused_unless_aborting(ckpt):
     sync = engine.weight_sync
 
     async def go():
-        running = Stream(engine, req("run", max_new=60))
+        running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
         await running.until(3)
         await sync.pause_generation("in_place")
         with pytest.raises(WeightSyncConflictError, match="paused in_place"):
