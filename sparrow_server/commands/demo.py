@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                "--port", str(port), "--state-dir", state, "--log-level", "warning"]
         if args.model:
             cmd += ["--model", args.model]
-        print(f"starting the server on {url} (the first run converts the embedded model once, ~30 s) ...", flush=True)
+        print(f"starting the server on {url} (the first run converts the embedded model once) ...", flush=True)
         proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
             wait_healthy(url, proc)
