@@ -1,51 +1,31 @@
-"""CPU tests of ``SGLangEngine``'s translation to and from SGLang, with a fake ``sglang.Engine``."""
+"""CPU tests of ``SGLangEngine`` (translation to and from SGLang, KV budgets, adapters, dense
+verification) and of its host (``serve --engine sglang``: SGLang's app with the sparrow app
+mounted), with a fake tokenizer manager (``tests/helpers/fake_sglang.py``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 
+import numpy as np
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from helpers.fake_sglang import FakeRuntime
+from sparrow_server.cli import main as cli_main
+from sparrow_server.engine.adapter_registry import AdapterManager
 from sparrow_server.engine.base import ContextLengthError, GenerationRequest, SamplingParams, UnknownAdapterError
-from sparrow_server.sglang_plugin.engine import SGLangEngine, StreamState, sampling_dict, sglang_server_kwargs
+from sparrow_server.server.app import create_app
+from sparrow_server.sglang_plugin.engine import SGLangEngine, StreamState, sampling_dict
+from sparrow_server.sglang_plugin.host import mount_sparrow, sglang_argv
+from sparrow_server.sglang_plugin.planning import plan_step
+from sparrow_server.sglang_plugin.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import parse_schedule_text
 
-
-class _FakeTM:
-    def __init__(self):
-        self.aborted = []
-
-    def abort_request(self, rid="", abort_all=False):
-        self.aborted.append(rid)
-
-
-class _FakeSGL:
-    """Streams cumulative outputs like SGLang's default (non-incremental) streaming."""
-
-    def __init__(self, tokens, incremental=False):
-        self.tokens = tokens
-        self.incremental = incremental
-        self.tokenizer_manager = _FakeTM()
-        self.calls = []
-
-    async def async_generate(self, **kw):
-        self.calls.append(kw)
-
-        async def gen():
-            n = len(self.tokens)
-            for i in range(0, n, 2):
-                upto = min(i + 2, n)
-                ids = self.tokens[i:upto] if self.incremental else self.tokens[:upto]
-                lps = [[-0.1 * (j + 1), t, None] for j, t in enumerate(self.tokens[:upto])]
-                meta = {"completion_tokens": upto, "prompt_tokens": len(kw["input_ids"]),
-                        "output_token_logprobs": lps[i:upto] if self.incremental else lps,
-                        "finish_reason": {"type": "length", "length": n} if upto == n else None}
-                yield {"output_ids": ids, "meta_info": meta}
-        return gen()
-
-    def shutdown(self):
-        pass
+SPARSE = "qwen3-1.7b-0.86"
 
 
 def _collect(engine, req):
@@ -55,37 +35,43 @@ def _collect(engine, req):
 
 
 @pytest.mark.parametrize("incremental", [False, True])
-def test_stream_chunks_are_deltas(incremental):
-    sgl = _FakeSGL([5, 6, 7, 8, 9], incremental)
-    eng = SGLangEngine(sgl, "m", context_length=100, vocab_size=10)
-    sched = ScheduleRegistry().get("qwen3-1.7b-0.86")
-    req = GenerationRequest(rid="r1", input_ids=(1, 2, 3), sampling=SamplingParams(max_new_tokens=5, seed=3),
-                            schedule=sched)
+def test_stream_chunks_are_deltas_with_planned_budgets(incremental):
+    rt = FakeRuntime(chunk_tokens=3, incremental=incremental)
+    eng = SGLangEngine(rt)
+    sched = ScheduleRegistry().get(SPARSE)
+    prompt = tuple(range(1, 1200))  # past the 512-token budget of the first bin: sparse steps
+    req = GenerationRequest(rid="r1", input_ids=prompt, sampling=SamplingParams(max_new_tokens=7, seed=3), schedule=sched)
     chunks = _collect(eng, req)
-    assert [t for c in chunks for t in c.token_ids] == [5, 6, 7, 8, 9]
-    assert [round(x, 3) for c in chunks for x in c.logprobs] == [-0.1, -0.2, -0.3, -0.4, -0.5]
-    assert chunks[-1].done and chunks[-1].finish.type == "length" and chunks[-1].completion_tokens == 5
-    sp = sgl.calls[0]["sampling_params"]
+    tokens = [t for c in chunks for t in c.token_ids]
+    assert tokens == [(sum(prompt) + i) % 64 for i in range(7)]
+    assert chunks[-1].done and chunks[-1].finish.type == "length" and chunks[-1].completion_tokens == 7
+    budgets = [b for c in chunks for b in c.kv_budget_tokens]
+    lengths = np.array([len(prompt) + j for j in range(1, 7)])
+    plan = plan_step([sched] * 6, lengths, np.full(6, len(prompt)), num_kv_heads=8, page_size=16, topk_cap_pages=1 << 16)
+    assert budgets[0] is None and budgets[1:] == plan.budget_tokens.tolist()
+    assert all(b < len(prompt) for b in budgets[1:])  # really sparse at this length
+    sp = rt.calls[0]["sampling_params"]
     assert parse_schedule_text(sp["custom_params"]["sparrow_schedule_json"]) == sched
-    assert sp["sampling_seed"] == 3 and sgl.calls[0]["stream"] and sgl.calls[0]["rid"] == "r1"
-    assert eng.live_requests() == () and sgl.tokenizer_manager.aborted == []
+    assert sp["sampling_seed"] == 3 and rt.calls[0]["stream"] and rt.calls[0]["rid"] == "r1"
+    assert rt.calls[0]["top_logprobs_num"] is None and chunks[0].top_logprobs is None
+    assert eng.live_requests() == () and rt.aborted == []
 
 
 def test_closing_early_aborts():
-    sgl = _FakeSGL([5, 6, 7, 8, 9])
-    eng = SGLangEngine(sgl, "m", context_length=1000, vocab_size=10)
+    rt = FakeRuntime()
+    eng = SGLangEngine(rt)
 
     async def run():
         it = eng.submit(GenerationRequest(rid="r2", input_ids=(1,)))
         first = await it.__anext__()
         await it.aclose()
         return first
-    assert asyncio.run(run()).token_ids == (5, 6)
-    assert sgl.tokenizer_manager.aborted == ["r2"]
+    assert len(asyncio.run(run()).token_ids) == 2
+    assert rt.aborted == ["r2"]
 
 
 def test_validate_context_and_adapter():
-    eng = SGLangEngine(_FakeSGL([]), "m", context_length=10, vocab_size=10, adapters=("a",))
+    eng = SGLangEngine(FakeRuntime(context_length=10), adapters=(("a", "/adapters/a"),))
     with pytest.raises(ContextLengthError):
         eng.validate(GenerationRequest(rid="x", input_ids=(1,) * 5, sampling=SamplingParams(max_new_tokens=6)))
     with pytest.raises(UnknownAdapterError):
@@ -93,15 +79,203 @@ def test_validate_context_and_adapter():
     eng.validate(GenerationRequest(rid="x", input_ids=(1,), adapter="a", sampling=SamplingParams(max_new_tokens=2)))
 
 
-def test_server_kwargs():
-    kw = sglang_server_kwargs("/m", adapters=(("a", "/p"),), max_batch_size=8,
-                              environ={"SPARROW_SGLANG_ARGS": json.dumps({"mem_fraction_static": 0.8})})
-    assert kw["attention_backend"] == "sparrow" and kw["page_size"] == 16 and kw["lora_paths"] == ["a=/p"]
-    assert kw["max_running_requests"] == 8 and kw["mem_fraction_static"] == 0.8
-    with pytest.raises(ValueError, match="page_size"):
-        sglang_server_kwargs("/m", environ={"SPARROW_SGLANG_ARGS": '{"page_size": 1}'})
+def test_recorded_topk_is_requested_and_returned():
+    rt = FakeRuntime()
+    chunks = _collect(SGLangEngine(rt), GenerationRequest(rid="v", input_ids=(1, 2), record_topk=20, top_logprobs=3,
+                                                           sampling=SamplingParams(max_new_tokens=4)))
+    assert rt.calls[0]["top_logprobs_num"] == 20
+    assert [len(row) for c in chunks for row in c.top_logprobs] == [20] * 4
 
 
 def test_dense_request_sends_no_schedule_when_none():
     assert "custom_params" not in sampling_dict(GenerationRequest(rid="x", input_ids=(1,)))
     assert StreamState(GenerationRequest(rid="x", input_ids=(1,))).sent == 0
+
+
+def test_weight_version_follows_sglang_meta():
+    rt = FakeRuntime(weight_version="step-7")
+    eng = SGLangEngine(rt)
+    chunks = _collect(eng, GenerationRequest(rid="w", input_ids=(1,), sampling=SamplingParams(max_new_tokens=2)))
+    assert chunks[-1].weight_version == "step-7" and eng.info().weight_version == "step-7"
+
+
+# ----- adapters: SGLang's LoRA pool, driven from the adapter manager's worker thread ---------------
+def test_adapter_load_and_unload_run_on_the_engine_loop():
+    rt = FakeRuntime()
+    eng = SGLangEngine(rt)
+
+    async def run():
+        await eng.start()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, eng.load_adapter, "distill-v1", "/adapters/v1")
+        assert eng.adapters() == ("distill-v1",) and rt.loras == {"distill-v1": "/adapters/v1"}
+        await loop.run_in_executor(None, eng.unload_adapter, "distill-v1")
+    asyncio.run(run())
+    assert rt.lora_events == [("load", "distill-v1"), ("unload", "distill-v1")] and eng.adapters() == ()
+    with pytest.raises(RuntimeError, match="not started"):
+        SGLangEngine(FakeRuntime()).load_adapter("x", "/p")
+
+
+def _adapter_dir(root, name):
+    d = root / name
+    d.mkdir()
+    (d / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8,
+                                                      "target_modules": ["q_proj", "v_proj"]}))
+    (d / "adapter_model.safetensors").write_bytes(b"")  # SGLang (faked here) reads it, not the manager
+    return str(d)
+
+
+def test_adapter_unloads_from_sglang_only_after_its_last_request(tmp_path):
+    rt = FakeRuntime(chunk_tokens=1)
+    rt.token_delay_s = 0.02
+    eng = SGLangEngine(rt, adapters=(("boot", _adapter_dir(tmp_path, "boot")),))
+    manager = AdapterManager(eng)
+    manager.adopt_loaded()  # SGLang's --lora-paths adapters become versions
+    assert manager.names() == ("boot",)
+
+    async def run():
+        await eng.start()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, manager.load, "v1", _adapter_dir(tmp_path, "v1"))
+        manager.set_alias("distill-latest", "v1")
+        version = manager.acquire("distill-latest")
+        req = GenerationRequest(rid="a", input_ids=(1,), adapter=version, sampling=SamplingParams(max_new_tokens=10))
+
+        async def stream():
+            try:
+                return [c async for c in eng.submit(req)]
+            finally:
+                manager.release(version)
+        task = asyncio.create_task(stream())
+        await asyncio.sleep(0.05)
+        manager.delete_alias("distill-latest")
+        unload = asyncio.create_task(manager.unload("v1"))
+        await asyncio.sleep(0.05)
+        assert ("unload", "v1") not in rt.lora_events and not task.done()  # still draining
+        chunks = await task
+        await unload
+        return chunks
+    chunks = asyncio.run(run())
+    assert sum(len(c.token_ids) for c in chunks) == 10 and chunks[-1].adapter == "v1"
+    assert rt.lora_events == [("load", "v1"), ("unload", "v1")] and rt.calls[0]["lora_path"] == "v1"
+    assert eng.adapters() == ("boot",)
+
+
+# ----- dense verification on SGLang --------------------------------------------------------------
+def test_dense_prefill_is_dense_adapter_free_and_prefill_only():
+    kw = dense_prefill_kwargs([1, 2, 3], [4, 5], k=20)
+    assert kw["input_ids"] == [1, 2, 3, 4, 5] and kw["lora_path"] is None
+    assert kw["sampling_params"]["max_new_tokens"] == 0 and kw["logprob_start_len"] == 2
+    assert parse_schedule_text(kw["sampling_params"]["custom_params"]["sparrow_schedule_json"]).is_dense
+
+
+def test_prefill_topk_lines_up_with_completion():
+    rt = FakeRuntime()
+    out = asyncio.run(rt.generate(**dense_prefill_kwargs([9, 8, 7], [4, 5, 6], k=5)))
+    ids, lps = topk_from_prefill_meta(out["meta_info"], [4, 5, 6], 5)
+    assert ids.shape == (3, 5) and ids[0, 0].item() == 3 and ids[2, 0].item() == 5  # positions 3..5
+    with pytest.raises(ValueError, match="line up"):
+        topk_from_prefill_meta(out["meta_info"], [4, 5, 7], 5)
+
+
+def _loop_thread():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def test_scorer_runs_on_engine_loop_and_refuses_other_temperatures():
+    loop, thread = _loop_thread()
+    try:
+        scorer = SGLangDenseScorer(FakeRuntime(), lambda: loop)
+        ids, lps = scorer.dense_topk([1, 2], [3, 4], 20, 1.0)
+        assert ids.shape == (2, 20) and float(lps[0].exp().sum()) == pytest.approx(1.0, abs=1e-5)
+        with pytest.raises(ValueError, match="temperature"):
+            scorer.dense_topk([1, 2], [3, 4], 20, 0.7)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+# ----- the host: SGLang's app with the sparrow app mounted under it ------------------------------
+def _sglang_stand_in(events: list[str]) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        events.append("sglang up")
+        yield
+        events.append("sglang down")
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.post("/generate")
+    async def generate():
+        return {"served_by": "sglang"}
+
+    @app.get("/health")
+    async def health():
+        return {"served_by": "sglang"}
+    return app
+
+
+def _hosted(rt: FakeRuntime, **app_kwargs):
+    events: list[str] = []
+    outer = _sglang_stand_in(events)
+    engine = SGLangEngine(rt)
+    mount_sparrow(outer, create_app(engine, ScheduleRegistry(), **app_kwargs))
+    return outer, engine, events
+
+
+def test_sglang_routes_win_and_sparrow_routes_fall_through():
+    outer, engine, events = _hosted(FakeRuntime())
+    with TestClient(outer) as client:
+        assert engine.loop is not None and events == ["sglang up"]  # sparrow's lifespan ran inside SGLang's
+        assert client.post("/generate", json={}).json() == {"served_by": "sglang"}
+        assert client.get("/health").json() == {"served_by": "sglang"}
+        r = client.post("/rollout", json={"input_ids": list(range(1, 1200)), "schedule": SPARSE,
+                                          "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        meta = r.json()["meta"]
+        assert meta["schedule"] == SPARSE and 0 < meta["kv_budget_tokens_mean"] < 1200
+        assert client.get("/schedules").status_code == 200
+        assert "sparrow_requests_total" in client.get("/metrics").text
+    assert events == ["sglang up", "sglang down"]
+
+
+def test_verified_rollout_on_sglang_reports_topk_acceptance_without_the_adapter():
+    rt = FakeRuntime()
+    outer, engine, _ = _hosted(rt, verify_fraction=0.0)
+    with TestClient(outer) as client:
+        body = {"input_ids": [1, 2, 3], "verify": True, "top_logprobs": 2,
+                "sampling_params": {"max_new_tokens": 6, "temperature": 1.0}}
+        out = client.post("/rollout", json=body).json()
+        assert out["meta"]["acceptance_kind"] == "topk_lower_bound" and out["meta"]["verified_tokens"] == 6
+        assert out["meta"]["acceptance_p5"] > 0.999  # same distribution on both sides
+        assert [len(t) for t in out["top_logprobs"]] == [2] * 6  # the client gets what it asked for
+        rt.dense_shift = 1.5  # now the dense pass disagrees: the acceptance must drop
+        out = client.post("/rollout", json=body).json()
+        assert out["meta"]["acceptance_p5"] < 0.95
+        plain = client.post("/rollout", json={**body, "verify": False}).json()
+        assert "acceptance_p5" not in plain["meta"] and "top_logprobs" in plain
+    prefills = [c for c in rt.calls if c.get("sampling_params", {}).get("max_new_tokens") == 0]
+    assert len(prefills) == 2 and all(c["lora_path"] is None for c in prefills)
+    decodes = [c for c in rt.calls if c not in prefills]
+    assert [c["top_logprobs_num"] for c in decodes] == [20, 20, 2]
+
+
+def test_sglang_argv_owns_backend_flags():
+    argv = sglang_argv("/m", "127.0.0.1", 30001, adapters=(("a", "/p"),), max_batch_size=8,
+                       extra=("--mem-fraction-static", "0.8"))
+    assert argv[argv.index("--attention-backend") + 1] == "sparrow" and argv[argv.index("--page-size") + 1] == "16"
+    assert argv[argv.index("--lora-paths") + 1] == "a=/p" and argv[-2:] == ["--mem-fraction-static", "0.8"]
+    assert argv[argv.index("--max-running-requests") + 1] == "8"
+    for bad in ("--attention-backend", "--page-size=32"):
+        with pytest.raises(ValueError, match="set by sparrow-server"):
+            sglang_argv("/m", "h", 1, extra=(bad, "x"))
+
+
+def test_serve_refuses_unknown_flags_without_sglang(capsys):
+    assert cli_main(["serve", "--engine", "reference", "--mem-fraction-static", "0.8"]) == 2
+    assert "need --engine sglang" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["schedules", "list", "--no-such-flag"])

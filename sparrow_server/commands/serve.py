@@ -15,8 +15,10 @@ DEFAULT_PORT = 30000  # SGLang's default port, so SGLang clients work unchanged
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="start the rollout server",
-                              description="Serve /rollout, SGLang's /generate, schedules, health and metrics.")
+    p = subparsers.add_parser("serve", help="start the rollout server", allow_abbrev=False,
+                              description="Serve /rollout, SGLang's /generate, schedules, health and metrics. "
+                                          "With --engine sglang, arguments this command does not know go to "
+                                          "SGLang's server (e.g. --mem-fraction-static 0.8 --enable-lora).")
     p.add_argument("--engine", choices=None, default=None,
                    help="reference | sglang (default: sglang on a CUDA machine with SGLang, else reference)")
     p.add_argument("--model", default=None, help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
@@ -35,7 +37,7 @@ def register(subparsers) -> None:
                    help="share of rollouts re-scored densely for the acceptance metrics (default 5%%; "
                         "requests with verify: true always are)")
     add_security_arguments(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, accepts_extra_args=True)
 
 
 def parse_adapters(values: list[str]) -> tuple[tuple[str, str], ...]:
@@ -48,35 +50,84 @@ def parse_adapters(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def build_app(args: argparse.Namespace):
-    """The app ``serve`` runs (separate so tests and ``demo`` can build it in-process)."""
-    import torch
-
-    from sparrow_server.engine.adapter_registry import default_adapter_manager
-    from sparrow_server.engine.factory import EngineOptions, build_engine, default_engine_name
-    from sparrow_server.server.app import create_app
+def _service_parts(args: argparse.Namespace) -> dict:
+    """What the sparrow app needs besides its engine: schedules, state, security, limits, verification."""
     from sparrow_server.server.state import StateDir, default_state_dir
     from sparrow_server.sparsity.registry import ScheduleRegistry
 
     security, security_summary = security_from_args(args)
     if args.verify_fraction is not None and not 0.0 <= args.verify_fraction <= 1.0:
         raise ValueError(f"--verify-fraction {args.verify_fraction!r}: must be in [0, 1]")
-    verify = {} if args.verify_fraction is None else {"verify_fraction": args.verify_fraction}
-    limits = limits_from_args(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
-                            kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads)
     state = StateDir(Path(args.state_dir) if args.state_dir else default_state_dir()).create()
     schedules = ScheduleRegistry.load(persist_dir=state.schedules)
     schedules.get(args.default_schedule)
+    return {"security": security, "security_summary": security_summary, "limits": limits_from_args(args),
+            "verify": {} if args.verify_fraction is None else {"verify_fraction": args.verify_fraction},
+            "state": state, "schedules": schedules}
+
+
+def sparrow_app(args: argparse.Namespace, parts: dict, engine, tokenizer):
+    """The sparrow FastAPI app around ``engine``."""
+    from sparrow_server.engine.adapter_registry import default_adapter_manager
+    from sparrow_server.server.app import create_app
+
+    adapters = default_adapter_manager(engine, persist_dir=parts["state"].adapters, max_rank=args.max_lora_rank)
+    return create_app(engine, parts["schedules"], args.default_schedule, tokenizer, security=parts["security"],
+                      limits=parts["limits"], adapters=adapters, **parts["verify"])
+
+
+def build_app(args: argparse.Namespace):
+    """The app ``serve`` runs on an in-process engine (separate so tests and ``demo`` can build it)."""
+    import torch
+
+    from sparrow_server.engine.factory import EngineOptions, build_engine, default_engine_name
+
+    parts = _service_parts(args)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
+                            kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads)
     engine_name = args.engine or default_engine_name()
     built = build_engine(engine_name, options)
-    adapters = default_adapter_manager(built.engine, persist_dir=state.adapters, max_rank=args.max_lora_rank)
-    app = create_app(built.engine, schedules, args.default_schedule, built.tokenizer, security=security, limits=limits,
-                     adapters=adapters, **verify)
+    app = sparrow_app(args, parts, built.engine, built.tokenizer)
     summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
-               f"state dir {state.root}; {security_summary}")
+               f"state dir {parts['state'].root}; {parts['security_summary']}")
     return app, summary
+
+
+def _load_tokenizer(model: str):
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model)
+    except Exception:  # token-id-only serving (e.g. dummy weights without a tokenizer)
+        return None
+
+
+def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
+    """(SGLang argv, plug-in environment, service parts) of ``serve --engine sglang``."""
+    from sparrow_server.sglang_plugin.host import plugin_environment, sglang_argv
+
+    if not args.model:
+        raise ValueError("--engine sglang needs --model PATH (a Hugging Face model directory)")
+    parts = _service_parts(args)
+    extra = list(args.extra_args)
+    if "--enable-lora" in extra and "--max-lora-rank" not in extra:
+        extra += ["--max-lora-rank", str(args.max_lora_rank)]  # one limit for SGLang's pool and POST /adapters
+    argv = sglang_argv(args.model, args.host, args.port, parse_adapters(args.adapter), args.max_batch_size,
+                       tuple(extra) + ("--log-level", args.log_level))
+    env = plugin_environment(args.default_schedule, str(parts["state"].schedules))
+    return argv, env, parts
+
+
+def run_sglang(args: argparse.Namespace) -> int:
+    from sparrow_server.sglang_plugin.host import run_sglang_server
+
+    argv, env, parts = sglang_command(args)
+    tokenizer = _load_tokenizer(args.model)
+    print(f"sparrow-server: SGLang server with the sparrow backend on http://{args.host}:{args.port} "
+          f"(SGLang args: {' '.join(argv)}; {parts['security_summary']})", flush=True)
+    run_sglang_server(argv, lambda engine: sparrow_app(args, parts, engine, tokenizer), env)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +137,18 @@ def run(args: argparse.Namespace) -> int:
     from sparrow_server.sparsity.schedule import ScheduleError
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sparrow_server.engine.factory import default_engine_name
+
+    engine_name = args.engine or default_engine_name()
+    extra = getattr(args, "extra_args", [])
+    if extra and engine_name != "sglang":
+        print(f"sparrow-server serve: unrecognized arguments: {' '.join(extra)} (SGLang arguments need --engine sglang)",
+              file=sys.stderr)
+        return 2
     try:
         security_from_args(args)  # refuse a bad bind before loading the model
+        if engine_name == "sglang":
+            return run_sglang(args)
         app, summary = build_app(args)
     except (ValueError, UnknownScheduleError, ScheduleError, ModelLoadError, OSError) as exc:
         print(f"sparrow-server serve: {exc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """What the HTTP service calls to verify rollouts (kept here so the service needs only a few lines).
 
 - ``build_verifier(engine, metrics, fraction)``: a ``DenseVerifier`` for an engine, or ``None``
-  when this engine cannot be verified in-process (no transformers model to run the dense pass);
+  when this engine cannot be verified (neither an in-process model nor a scorer of its own);
 - ``request_flags(verifier, requested)``: the ``verify`` / ``record_topk`` fields of one engine
   request (decided at admission, so the engine records top-k only for verified requests);
 - ``on_finished(verifier, request, sample, requested)``: submits the finished rollout; when the
@@ -23,7 +23,12 @@ EXACT_NO_RECORDING = 0  # record_topk for engines verified exactly by a teacher-
 
 def build_verifier(engine: Any, metrics: AcceptanceMetrics | None,
                    sample_fraction: float = DEFAULT_SAMPLE_FRACTION) -> DenseVerifier | None:
-    """A verifier scoring exactly on the reference engine's own model (under its step lock)."""
+    """A verifier scoring exactly on the reference engine's own model (under its step lock), or with
+    the scorer an engine offers (``engine.verification_scorer() -> (scorer, record_topk)``, SGLang)."""
+    offer = getattr(engine, "verification_scorer", None)
+    if callable(offer):
+        scorer, record_topk = offer()
+        return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=record_topk)
     runner = getattr(engine, "runner", None)
     lock = getattr(engine, "_step_lock", None)
     if runner is None or lock is None:

@@ -34,8 +34,13 @@ def rollout_meta(rollout: Rollout, sample: SampleResult, elapsed_s: float) -> di
     }
 
 
-def _top(values) -> list[list[Any]] | None:
-    return None if values is None else [[[lp, tok] for lp, tok in per_token] for per_token in values]
+def _top(values, k: int) -> list[list[Any]] | None:
+    """The client's ``k`` top logprobs per token (an engine may record more for verification)."""
+    return None if values is None else [[[lp, tok] for lp, tok in per_token[:k]] for per_token in values]
+
+
+def _client_topk(rollout: Rollout) -> int:
+    return rollout.requests[0].top_logprobs
 
 
 def rollout_event(rollout: Rollout, sample: SampleResult, chunk: GenerationChunk, text_delta: str | None,
@@ -45,8 +50,8 @@ def rollout_event(rollout: Rollout, sample: SampleResult, chunk: GenerationChunk
                              "logprobs": list(chunk.logprobs), "kv_budget_tokens": list(chunk.kv_budget_tokens)}
     if text_delta is not None:
         event["text"] = text_delta
-    if chunk.top_logprobs is not None:
-        event["top_logprobs"] = _top(chunk.top_logprobs)
+    if chunk.top_logprobs is not None and _client_topk(rollout):
+        event["top_logprobs"] = _top(chunk.top_logprobs, _client_topk(rollout))
     if chunk.selected_pages is not None:
         event["selected_pages"] = _jsonable(chunk.selected_pages)
     event["done"] = chunk.finish is not None
@@ -70,7 +75,7 @@ def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, wit
     if with_text:
         out["text"] = sample.text
     if with_top:
-        out["top_logprobs"] = _top(sample.top_logprobs)
+        out["top_logprobs"] = _top(sample.top_logprobs, _client_topk(rollout))
     if rollout.requests[0].return_selected_pages:
         out["selected_pages"] = _jsonable(sample.selected_pages)
     out["done"] = True
@@ -99,7 +104,8 @@ def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, 
         meta["output_token_logprobs_length"] = len(sample.token_ids)
         if top_logprobs_num:
             meta["input_top_logprobs"] = []
-            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in per] for per in sample.top_logprobs]
+            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in per[:top_logprobs_num]]
+                                           for per in sample.top_logprobs]
     out: dict[str, Any] = {"output_ids": list(sample.token_ids), "meta_info": meta}
     if len(rollout.requests) > 1:
         out["index"] = sample.index  # SGLang tags each of n samples so streamed chunks can be told apart

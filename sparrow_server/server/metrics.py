@@ -2,6 +2,8 @@
 ``CollectorRegistry`` so several apps in one process (tests) do not clash."""
 from __future__ import annotations
 
+from typing import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -32,6 +34,8 @@ class ServiceMetrics:
                                       ["adapter"], registry=r)
         self.acceptance = AcceptanceMetrics(r)  # tail mismatch (dense verification)
         self.weight_version = Gauge("sparrow_weight_version_info", "1 for the weights being served", ["weight_version"], registry=r)
+        # More exposition text served on the same /metrics (SGLang's own metrics when mounted in its server).
+        self.extra_sources: list[Callable[[], bytes]] = []
 
     def observe_chunk(self, schedule: str, chunk: GenerationChunk) -> None:
         self.generated_tokens.labels(schedule, chunk.adapter or "").inc(len(chunk.token_ids))
@@ -50,4 +54,4 @@ class ServiceMetrics:
         self.weight_version.labels(weight_version).set(1)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + b"".join(source() for source in self.extra_sources)

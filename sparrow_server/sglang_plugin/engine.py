@@ -1,52 +1,65 @@
-"""``SGLangEngine``: the service's ``Engine`` over an in-process ``sglang.Engine`` with the sparrow
-backend (``sparrow-server serve --engine sglang --model PATH``).
+"""``SGLangEngine``: the service's ``Engine`` over SGLang's tokenizer manager, inside SGLang's own
+HTTP server (``sparrow-server serve --engine sglang``; see ``sglang_plugin.host``).
 
-SGLang runs its scheduler in spawned processes; this object lives in the service's event loop and
-talks to SGLang's tokenizer manager through ``async_generate(stream=True)``. Each request's
+The engine talks to SGLang through a small ``runtime`` (``sglang_plugin.runtime``): stream a
+``GenerateReqInput``, abort, load/unload a LoRA adapter, prefill-score densely. Each request's
 schedule travels as JSON text in ``sampling_params.custom_params.sparrow_schedule_json`` (so
 schedules registered at run time reach the scheduler), and the plug-in's side table applies it.
-Extra SGLang ``ServerArgs`` come from ``SPARROW_SGLANG_ARGS`` (a JSON object), e.g.
-``{"mem_fraction_static": 0.85, "cuda_graph_max_bs": 32}``.
 
-Status: the translation logic is tested on CPU with a fake SGLang engine; this class has not been
-run on a GPU yet (the backend itself is, through SGLang's own HTTP server: see docs/gpu-serving.md).
+Per token, ``kv_budget_tokens`` is what the backend's planner attends at that length
+(``planning.attended_tokens``, the function the backend runs each step, with the same top-k
+cap): token 0 comes from the dense prefill (``None``). Adapters map onto SGLang's LoRA pool
+under their immutable versioned names (``/load_lora_adapter`` semantics; the adapter manager
+drains before unloading).
 """
 from __future__ import annotations
 
-import json
-import os
-from typing import Any, AsyncIterator
+import asyncio
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Protocol
 
 from sparrow_server.engine.base import (
-    ContextLengthError, Engine, EngineHealth, EngineInfo, FinishReason, GenerationChunk, GenerationRequest,
+    DEFAULT_WEIGHT_VERSION, ContextLengthError, Engine, EngineHealth, EngineInfo, FinishReason, GenerationChunk, GenerationRequest,
     UnknownAdapterError,
 )
-from sparrow_server.sglang_plugin.config import BACKEND_NAME, CUSTOM_PARAM_SCHEDULE_JSON
-from sparrow_server.sparsity.schedule import dump_schedule
+from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
+from sparrow_server.sglang_plugin.planning import attended_tokens
+from sparrow_server.sparsity.schedule import Schedule, dump_schedule
 
-ENV_SGLANG_ARGS = "SPARROW_SGLANG_ARGS"
 PAGE_SIZE = 16
 
 
-def sglang_server_kwargs(model: str, adapters=(), max_batch_size: int | None = None,
-                         environ: dict | None = None) -> dict[str, Any]:
-    """``sglang.Engine`` keyword arguments: the sparrow backend, page 16, plus ``SPARROW_SGLANG_ARGS``."""
-    env = os.environ if environ is None else environ
-    kwargs: dict[str, Any] = {"model_path": model, "attention_backend": BACKEND_NAME, "page_size": PAGE_SIZE,
-                              "skip_tokenizer_init": True}
-    if adapters:
-        kwargs["lora_paths"] = [f"{name}={path}" for name, path in adapters]
-    if max_batch_size:
-        kwargs["max_running_requests"] = max_batch_size
-    text = env.get(ENV_SGLANG_ARGS)
-    if text:
-        extra = json.loads(text)
-        if not isinstance(extra, dict):
-            raise ValueError(f"{ENV_SGLANG_ARGS}={text!r}: must be a JSON object of ServerArgs fields")
-        kwargs.update(extra)
-    if kwargs["page_size"] != PAGE_SIZE:
-        raise ValueError(f"{ENV_SGLANG_ARGS} page_size={kwargs['page_size']}: the sparrow backend needs {PAGE_SIZE}")
-    return kwargs
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the engine needs to know of the served model (read from SGLang once it is up)."""
+
+    name: str
+    context_length: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadedAdapter:
+    name: str
+    path: str
+
+
+class AdapterPaths(dict):
+    """name -> path of the LoRA versions in SGLang's pool; ``infos()`` as the adapter manager reads it."""
+
+    def infos(self) -> tuple[LoadedAdapter, ...]:
+        return tuple(LoadedAdapter(n, p) for n, p in sorted(self.items()))
+
+
+class SGLangRuntime(Protocol):
+    """The SGLang calls the engine makes (``runtime.TokenizerManagerRuntime``; a fake in CPU tests)."""
+
+    def stream(self, **generate_kwargs: Any) -> AsyncIterator[dict[str, Any]]: ...
+    def abort(self, rid: str) -> None: ...
+    async def load_lora(self, name: str, path: str) -> None: ...
+    async def unload_lora(self, name: str) -> None: ...
+    def model_facts(self) -> ModelFacts: ...
 
 
 def sampling_dict(request: GenerationRequest) -> dict[str, Any]:
@@ -63,6 +76,11 @@ def sampling_dict(request: GenerationRequest) -> dict[str, Any]:
     return out
 
 
+def top_logprobs_num(request: GenerationRequest) -> int:
+    """Top logprobs to ask SGLang for: what the client wants, or the verifier's recording if larger."""
+    return max(request.top_logprobs, request.record_topk)
+
+
 def finish_reason(meta: dict[str, Any]) -> FinishReason | None:
     fr = meta.get("finish_reason")
     if not fr:
@@ -71,11 +89,26 @@ def finish_reason(meta: dict[str, Any]) -> FinishReason | None:
                         message=fr.get("message"))
 
 
+class BudgetPlan:
+    """Per-token KV budget of one request, from the backend's planning function."""
+
+    def __init__(self, schedule: Schedule | None, prompt_len: int, topk_cap_pages: int):
+        self.schedule, self.prompt_len, self.cap = schedule, prompt_len, topk_cap_pages
+
+    def tokens(self, start: int, n: int) -> tuple[int | None, ...]:
+        """Budgets of completion tokens ``start .. start + n - 1`` (token 0: the dense prefill)."""
+        if self.schedule is None:
+            return ()
+        return tuple(None if j == 0 else attended_tokens(self.schedule, self.prompt_len + j, self.prompt_len,
+                                                         PAGE_SIZE, self.cap) for j in range(start, start + n))
+
+
 class StreamState:
     """Turns SGLang stream outputs (cumulative or incremental) into ``GenerationChunk`` deltas."""
 
-    def __init__(self, request: GenerationRequest):
+    def __init__(self, request: GenerationRequest, budgets: BudgetPlan | None = None):
         self.request = request
+        self.budgets = budgets
         self.sent = 0
 
     def chunk(self, out: dict[str, Any]) -> GenerationChunk:
@@ -89,56 +122,69 @@ class StreamState:
         n = len(new_ids)
         new_lps = lps[len(lps) - n:] if n else []
         new_tops = None
-        if self.request.top_logprobs and tops is not None:
+        if top_logprobs_num(self.request) and tops is not None:
             new_tops = tuple(tuple((float(t[0]), int(t[1])) for t in (row or ())) for row in tops[len(tops) - n:]) if n else ()
+        budgets = self.budgets.tokens(self.sent, n) if self.budgets is not None else ()
         self.sent += n
         return GenerationChunk(
             rid=self.request.rid, token_ids=tuple(int(t) for t in new_ids),
             logprobs=tuple(float(x[0]) for x in new_lps), prompt_tokens=int(meta.get("prompt_tokens", 0)),
-            completion_tokens=self.sent, top_logprobs=new_tops, finish=finish_reason(meta),
-            adapter=self.request.adapter, weight_version=str(meta.get("weight_version", "default")),
+            completion_tokens=self.sent, top_logprobs=new_tops, kv_budget_tokens=budgets, finish=finish_reason(meta),
+            adapter=self.request.adapter, weight_version=str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION)),
         )
 
 
 class SGLangEngine(Engine):
-    """The service's engine over ``sglang.Engine`` (see the module docstring)."""
+    """The service's engine over an SGLang runtime (see the module docstring)."""
 
-    def __init__(self, sgl_engine: Any, model_name: str, context_length: int, vocab_size: int,
-                 eos_token_ids: tuple[int, ...] = (), adapters: tuple[str, ...] = ()):
-        self._sgl = sgl_engine
-        self._model_name = model_name
-        self._context_length = context_length
-        self._vocab_size = vocab_size
-        self._eos = eos_token_ids
-        self._adapters = adapters
+    def __init__(self, runtime: SGLangRuntime, adapters: tuple[tuple[str, str], ...] = (),
+                 config: PluginConfig | None = None):
+        self._runtime = runtime
+        self.adapter_registry = AdapterPaths(adapters)  # (name, path) loaded by SGLang at start, then ours
         self._live: set[str] = set()
+        self._facts: ModelFacts | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
+        cfg = config or PluginConfig.from_env()
+        self.topk_cap_pages = max(1, cfg.topk_cap_tokens // PAGE_SIZE)
 
-    async def start(self) -> None:  # SGLang started its processes in its constructor
-        return None
+    @property
+    def facts(self) -> ModelFacts:
+        if self._facts is None:
+            self._facts = self._runtime.model_facts()
+        return self._facts
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop SGLang's tokenizer manager runs on (set by ``start``)."""
+        return self._loop
+
+    async def start(self) -> None:  # SGLang started its processes before the HTTP app
+        self._loop = asyncio.get_running_loop()
 
     async def shutdown(self) -> None:
         for rid in list(self._live):
             await self.abort(rid)
-        self._sgl.shutdown()
 
     def validate(self, request: GenerationRequest) -> None:
         need = len(request.input_ids) + request.sampling.max_new_tokens
-        if need > self._context_length:
-            raise ContextLengthError(len(request.input_ids), request.sampling.max_new_tokens, self._context_length)
+        if need > self.facts.context_length:
+            raise ContextLengthError(len(request.input_ids), request.sampling.max_new_tokens, self.facts.context_length)
         self.resolve_adapter(request.adapter)
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.validate(request)
         self._live.add(request.rid)
-        state = StreamState(request)
+        state = StreamState(request, BudgetPlan(request.schedule, len(request.input_ids), self.topk_cap_pages))
         finished = False
         try:
-            stream = await self._sgl.async_generate(
+            stream = self._runtime.stream(
                 input_ids=list(request.input_ids), sampling_params=sampling_dict(request), return_logprob=True,
-                top_logprobs_num=request.top_logprobs or None, lora_path=request.adapter, stream=True,
+                top_logprobs_num=top_logprobs_num(request) or None, lora_path=request.adapter, stream=True,
                 rid=request.rid)
             async for out in stream:
                 chunk = state.chunk(out)
+                self._weight_version = chunk.weight_version
                 finished = chunk.done
                 yield chunk
                 if finished:
@@ -146,12 +192,12 @@ class SGLangEngine(Engine):
         finally:
             self._live.discard(request.rid)
             if not finished:
-                self._sgl.tokenizer_manager.abort_request(rid=request.rid)
+                self._runtime.abort(request.rid)
 
     async def abort(self, rid: str) -> bool:
         if rid not in self._live:
             return False
-        self._sgl.tokenizer_manager.abort_request(rid=rid)
+        self._runtime.abort(rid)
         return True
 
     def live_requests(self) -> tuple[str, ...]:
@@ -161,41 +207,46 @@ class SGLangEngine(Engine):
         return EngineHealth(ok=True, live_requests=len(self._live), queued_requests=0)
 
     def info(self) -> EngineInfo:
-        return EngineInfo(engine="sglang", model_name=self._model_name, vocab_size=self._vocab_size,
-                          context_length=self._context_length, weight_version="default", page_size=PAGE_SIZE,
-                          eos_token_ids=self._eos, device="cuda")
+        f = self.facts
+        return EngineInfo(engine="sglang", model_name=f.name, vocab_size=f.vocab_size, context_length=f.context_length,
+                          weight_version=self._weight_version, page_size=PAGE_SIZE, eos_token_ids=f.eos_token_ids, device="cuda")
 
+    # ----- adapters: SGLang's LoRA pool, under immutable versioned names --------------------
     def adapters(self) -> tuple[str, ...]:
-        return self._adapters
+        return tuple(sorted(self.adapter_registry))
 
     def resolve_adapter(self, name: str | None) -> str | None:
-        if name is None or name in self._adapters:
+        if name is None or name in self.adapter_registry:
             return name
-        raise UnknownAdapterError(name, self._adapters)
+        raise UnknownAdapterError(name, self.adapters())
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Called off the event loop (the adapter manager runs it in a worker thread)."""
+        self._on_loop(self._runtime.load_lora(name, path))
+        self.adapter_registry[name] = path
+
+    def unload_adapter(self, name: str) -> None:
+        """Called off the event loop, once the manager has drained the version's requests."""
+        self.adapter_registry.pop(name, None)
+        self._on_loop(self._runtime.unload_lora(name))
+
+    def _on_loop(self, coro) -> Any:
+        if self._loop is None:
+            coro.close()
+            raise RuntimeError("the SGLang engine has not started (no event loop yet)")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def verification_scorer(self):
+        """(scorer, record_topk) for dense verification: a dense, adapter-free prefill on this server."""
+        from sparrow_server.sglang_plugin.verification import SGLangDenseScorer
+
+        return SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK
 
 
 def build_sglang_engine(options):
-    """``EngineOptions`` -> ``BuiltEngine`` (the entry in ``engine.factory.ENGINE_FACTORIES``)."""
-    import sglang
-    from sglang.srt.plugins import load_plugins
+    raise ValueError("--engine sglang runs inside SGLang's HTTP server: use `sparrow-server serve --engine sglang "
+                     "--model PATH [SGLang args]` (sparrow_server.sglang_plugin.host), not build_engine")
 
-    from sparrow_server.engine.factory import BuiltEngine
 
-    if not options.model:
-        raise ValueError("--engine sglang needs --model PATH (a Hugging Face model directory)")
-    load_plugins()  # registers the sparrow backend in this process before ServerArgs validation
-    sgl = sglang.Engine(**sglang_server_kwargs(options.model, options.adapters, options.max_batch_size))
-    cfg = sgl.tokenizer_manager.model_config
-    eos = getattr(cfg.hf_config, "eos_token_id", None)
-    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-    tokenizer = None
-    try:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(options.model)
-    except Exception:  # token-id-only serving (e.g. dummy weights without a tokenizer)
-        tokenizer = None
-    engine = SGLangEngine(sgl, model_name=os.path.basename(os.path.normpath(options.model)),
-                          context_length=int(cfg.context_len), vocab_size=int(cfg.vocab_size),
-                          eos_token_ids=eos_ids, adapters=tuple(name for name, _ in options.adapters))
-    return BuiltEngine(engine=engine, tokenizer=tokenizer, model_name=engine.info().model_name)
+__all__ = ["SGLangEngine", "SGLangRuntime", "ModelFacts", "StreamState", "BudgetPlan", "sampling_dict",
+           "top_logprobs_num", "PAGE_SIZE"]

@@ -70,6 +70,12 @@ def plan_request(schedule: Schedule, length: int, prompt_len: int, page_size: in
     return n, sink + k + recent, sink, k, sink, n - recent, clamped
 
 
+def attended_tokens(schedule: Schedule, length: int, prompt_len: int, page_size: int, topk_cap_pages: int) -> int:
+    """KV tokens a sparse layer attends at ``length`` tokens: what ``plan_step`` reports as ``budget_tokens``."""
+    count = plan_request(schedule, length, prompt_len, page_size, topk_cap_pages)[1]
+    return (count - 1) * page_size + (max(length, 1) - 1) % page_size + 1
+
+
 def plan_step(
     schedules: list[Schedule],
     lengths: np.ndarray,

@@ -1,0 +1,91 @@
+"""Dense verification on the SGLang engine: the dense policy's top-k per generated token, from one
+prefill-only request (``max_new_tokens: 0``) on the same server, with the ``dense`` schedule and
+no LoRA adapter (the dense policy is the base model).
+
+The sparse side is the top-k SGLang recorded while decoding (``record_topk`` = 20 for verified
+requests), so the acceptance is the top-k lower bound. SGLang returns prompt logprobs at
+temperature 1 (no temperature scaling on input positions), so only requests whose logprobs are at
+temperature 1 (``temperature`` 1, or greedy) can be verified here; others fail with a reason.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Sequence
+
+import torch
+
+from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
+from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON
+from sparrow_server.sparsity.schedule import dense_schedule, dump_schedule
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+def dense_prefill_kwargs(prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int) -> dict[str, Any]:
+    """The ``GenerateReqInput`` fields of the dense scoring prefill."""
+    return {
+        "input_ids": [*prompt_ids, *completion_ids],
+        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0,
+                            "custom_params": {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(dense_schedule())}},
+        "return_logprob": True, "logprob_start_len": max(len(prompt_ids) - 1, 0), "top_logprobs_num": k,
+        "lora_path": None,
+    }
+
+
+def topk_from_prefill_meta(meta: dict[str, Any], completion_ids: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([N, k] ids, [N, k] logprobs) of the distributions that predicted each completion token.
+
+    SGLang's ``input_token_logprobs[i]`` is ``(logprob, token id, text)`` of an input token and
+    ``input_top_logprobs[i]`` the top-k of the same distribution; the completion is the last N
+    entries, which is checked by token id.
+    """
+    tokens = meta.get("input_token_logprobs") or []
+    tops = meta.get("input_top_logprobs") or []
+    n = len(completion_ids)
+    if len(tokens) < n or len(tops) != len(tokens):
+        raise ValueError(f"dense prefill returned {len(tokens)} token and {len(tops)} top-k entries for "
+                         f"{n} completion tokens")
+    got = [int(t[1]) for t in tokens[len(tokens) - n:]]
+    if got != [int(t) for t in completion_ids]:
+        raise ValueError("dense prefill logprobs do not line up with the completion's token ids")
+    ids = torch.full((n, k), -1, dtype=torch.long)
+    lps = torch.full((n, k), float("-inf"), dtype=torch.float64)
+    for row, entries in enumerate(tops[len(tops) - n:]):
+        for col, entry in enumerate((entries or [])[:k]):
+            lps[row, col], ids[row, col] = float(entry[0]), int(entry[1])
+    return ids, lps
+
+
+class SGLangDenseScorer:
+    """A verifier scorer (``dense_topk``) running the dense prefill on SGLang's event loop.
+
+    ``dense_topk`` is called on the verifier's thread; the request runs on the loop of the
+    tokenizer manager (``get_loop()``) and this thread waits for it.
+    """
+
+    RECORD_TOPK = DEFAULT_RECORD_TOPK
+
+    def __init__(self, runtime: Any, get_loop: Callable[[], asyncio.AbstractEventLoop | None],
+                 timeout_s: float = DEFAULT_TIMEOUT_S):
+        self._runtime = runtime
+        self._get_loop = get_loop
+        self.timeout_s = timeout_s
+
+    def dense_topk(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
+                   temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        if temperature != 1.0:
+            raise ValueError(f"temperature = {temperature}: the SGLang engine verifies only requests sampled at "
+                             "temperature 1 (or greedy); SGLang scores prompt tokens at temperature 1")
+        loop = self._get_loop()
+        if loop is None:
+            raise RuntimeError("the SGLang engine has not started")
+        coro = self._runtime.generate(**dense_prefill_kwargs(prompt_ids, completion_ids, k))
+        out = asyncio.run_coroutine_threadsafe(coro, loop).result(self.timeout_s)
+        return topk_from_prefill_meta(out["meta_info"], completion_ids, k)
+
+    def exact(self, *args: Any, **kwargs: Any):
+        raise ValueError("the SGLang engine has no exact (full-distribution) verification: the sparse top-k "
+                         "must be recorded (record_topk > 0)")
+
+
+__all__ = ["SGLangDenseScorer", "dense_prefill_kwargs", "topk_from_prefill_meta"]
