@@ -52,13 +52,19 @@ def write_config(model_dir: str | Path, cfg: dict) -> Path:
     return model_dir
 
 
-def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0) -> Path:
-    """A 6-layer random Qwen3 (vocab 4096) saved as safetensors; returns its directory."""
+def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: float | None = None) -> Path:
+    """A 6-layer random Qwen3 (vocab 4096) saved as safetensors; returns its directory.
+
+    ``lm_head_std``: an untied output layer with this weight scale (0.5 gives logits of std ~11,
+    so next-token distributions are peaked and a top-20 list holds nearly all the mass, as in
+    a trained model); ``None``: tied embeddings, flat distributions."""
     import torch
     from safetensors.torch import save_file
 
     cfg = dict(QWEN3_BASE, **TINY)
     cfg["max_window_layers"] = cfg["num_hidden_layers"]
+    if lm_head_std is not None:
+        cfg["tie_word_embeddings"] = False
     model_dir = write_config(model_dir, cfg)
     g = torch.Generator().manual_seed(seed)
     hs, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
@@ -76,18 +82,57 @@ def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0) -> Path:
             p + "mlp.gate_proj.weight": rnd(inter, hs), p + "mlp.up_proj.weight": rnd(inter, hs),
             p + "mlp.down_proj.weight": rnd(hs, inter),
         })
+    if lm_head_std is not None:
+        w["lm_head.weight"] = (torch.randn(cfg["vocab_size"], hs, generator=g) * lm_head_std).to(torch.bfloat16)
     save_file(w, str(model_dir / "model.safetensors"))
     return model_dir
 
 
-class Server:
-    """``python -m sglang.launch_server`` in its own process group, logging to ``log_path``."""
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-    def __init__(self, model_dir, args: list[str], log_path, port: int = 30000, env: dict | None = None):
+
+def write_lora_adapter(adapter_dir: str | Path, model_dir: str | Path, seed: int, rank: int = 8,
+                       std: float = 0.05) -> Path:
+    """A random PEFT LoRA (q/k/v/o, both A and B non-zero) for the tiny checkpoint."""
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    hs, hd, nq, nkv = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    dims = {"q_proj": (hs, nq * hd), "k_proj": (hs, nkv * hd), "v_proj": (hs, nkv * hd), "o_proj": (nq * hd, hs)}
+    g = torch.Generator().manual_seed(seed)
+    w = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for m in LORA_TARGETS:
+            fan_in, fan_out = dims[m]
+            p = f"base_model.model.model.layers.{i}.self_attn.{m}."
+            w[p + "lora_A.weight"] = (torch.randn(rank, fan_in, generator=g) * std).to(torch.bfloat16)
+            w[p + "lora_B.weight"] = (torch.randn(fan_out, rank, generator=g) * std).to(torch.bfloat16)
+    adapter_dir = Path(adapter_dir)
+    adapter_dir.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(adapter_dir / "adapter_model.safetensors"))
+    (adapter_dir / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "target_modules": list(LORA_TARGETS), "bias": "none", "base_model_name_or_path": str(model_dir),
+        "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False}, indent=1))
+    return adapter_dir
+
+
+class Server:
+    """``python -m sglang.launch_server`` (or ``sparrow-server serve --engine sglang`` with ``sparrow``)
+    in its own process group, logging to ``log_path``."""
+
+    def __init__(self, model_dir, args: list[str], log_path, port: int = 30000, env: dict | None = None,
+                 sparrow: bool = False):
         self.port = port
         self.log_path = Path(log_path)
-        self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
-                    "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", *args]
+        if sparrow:  # `sparrow-server serve --engine sglang`: SGLang's server with the sparrow app mounted
+            self.cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "sglang",
+                        "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
+                        "--skip-tokenizer-init", *args]
+        else:
+            self.cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir),
+                        "--host", "127.0.0.1", "--port", str(port), "--skip-tokenizer-init", *args]
         self.env = dict(os.environ, **(env or {}))
         self.proc: subprocess.Popen | None = None
 

@@ -126,7 +126,8 @@ def run_sglang(args: argparse.Namespace) -> int:
     tokenizer = _load_tokenizer(args.model)
     print(f"sparrow-server: SGLang server with the sparrow backend on http://{args.host}:{args.port} "
           f"(SGLang args: {' '.join(argv)}; {parts['security_summary']})", flush=True)
-    run_sglang_server(argv, lambda engine: sparrow_app(args, parts, engine, tokenizer), env)
+    run_sglang_server(argv, lambda engine: sparrow_app(args, parts, engine, tokenizer), env,
+                      admin_api_key=parts["security"].api_key)
     return 0
 
 

@@ -70,10 +70,14 @@ def sglang_metrics_text() -> bytes:
     return generate_latest(registry)
 
 
-def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], environ: dict[str, str]) -> None:
+def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], environ: dict[str, str],
+                      admin_api_key: str | None = None) -> None:
     """Parse SGLang's args, register the plug-in, mount the sparrow app, and serve (blocks).
 
     ``build_sparrow_app(engine)`` builds the sparrow FastAPI app around the ``SGLangEngine``.
+    ``admin_api_key``: the sparrow admin key, also made SGLang's ``admin_api_key`` (set on
+    ``ServerArgs``, never on a command line), so SGLang's own state-changing endpoints
+    (``/update_weights_*``, ``/load_lora_adapter``, ``/pause_generation``) need the same token.
     """
     os.environ.update(environ)  # before SGLang spawns its scheduler processes
     from sglang.srt.entrypoints import http_server
@@ -85,6 +89,8 @@ def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], 
 
     load_plugins()  # registers the sparrow backend here, before ServerArgs validates its choice
     server_args = prepare_server_args(argv)
+    if admin_api_key:
+        server_args.admin_api_key = admin_api_key
     runtime = TokenizerManagerRuntime(lambda: getattr(http_server.get_global_state(), "tokenizer_manager", None))
     engine = SGLangEngine(runtime, adapters=tuple(_startup_adapters(server_args)))
     sparrow_app = build_sparrow_app(engine)
