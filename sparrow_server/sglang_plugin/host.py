@@ -75,8 +75,8 @@ def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], 
     """Parse SGLang's args, register the plug-in, mount the sparrow app, and serve (blocks).
 
     ``build_sparrow_app(engine)`` builds the sparrow FastAPI app around the ``SGLangEngine``.
-    ``admin_api_key``: the sparrow admin key, also made SGLang's ``admin_api_key`` (set on
-    ``ServerArgs``, never on a command line), so SGLang's own state-changing endpoints
+    ``admin_api_key``: the sparrow admin key, also made SGLang's ``admin_api_key`` (parsed in-process,
+    never on a command line), so SGLang's own state-changing endpoints
     (``/update_weights_*``, ``/load_lora_adapter``, ``/pause_generation``) need the same token.
     """
     os.environ.update(environ)  # before SGLang spawns its scheduler processes
@@ -88,9 +88,8 @@ def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], 
     from sparrow_server.sglang_plugin.runtime import TokenizerManagerRuntime
 
     load_plugins()  # registers the sparrow backend here, before ServerArgs validates its choice
-    server_args = prepare_server_args(argv)
-    if admin_api_key:
-        server_args.admin_api_key = admin_api_key
+    # Parsed in-process: the key never appears on a command line (ServerArgs is read-only once resolved).
+    server_args = prepare_server_args(argv + (["--admin-api-key", admin_api_key] if admin_api_key else []))
     runtime = TokenizerManagerRuntime(lambda: getattr(http_server.get_global_state(), "tokenizer_manager", None))
     engine = SGLangEngine(runtime, adapters=tuple(_startup_adapters(server_args)))
     sparrow_app = build_sparrow_app(engine)
