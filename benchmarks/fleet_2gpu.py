@@ -131,7 +131,15 @@ def nccl_update(servers, weights_b: Path, report: dict, port: int = 29611) -> No
     assert via_nccl[0]["meta"]["weight_version"] == "nccl-step-1"
 
 
+# NCCL between the servers' processes and the trainer's on these VMs: no cuMem / P2P IPC (the first
+# try failed with "unhandled cuda error"); host shared memory works. NVLink multicast stays off (KINDS.md).
+NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
+
+
 def main(out: Path, parts: tuple[str, ...]) -> int:
+    import os
+
+    os.environ.update(NCCL_ENV)  # the servers inherit it (Server copies os.environ)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="fleet2gpu-"))
     weights_a = S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5)
