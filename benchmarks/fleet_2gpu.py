@@ -94,20 +94,21 @@ def nccl_update(servers, weights_b: Path, report: dict, port: int = 29611) -> No
     from safetensors.torch import load_file
     from sglang.srt.utils.common import init_custom_process_group
 
+    name = f"sparrow-trainer-{int(time.time())}"  # a group name is never reused by a server
     group = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1, "world_size": 2,
-             "group_name": "sparrow-trainer", "backend": "nccl"}
+             "group_name": name, "backend": "nccl"}
     reply: dict = {}
     server_side = threading.Thread(target=lambda: reply.update(post(servers[0].base, "/init_weights_update_group", group)))
     server_side.start()
     torch.cuda.set_device(1)
     pg = init_custom_process_group(backend="nccl", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0,
-                                   group_name="sparrow-trainer")
+                                   group_name=name)
     server_side.join()
     assert reply.get("success"), reply
     tensors = {k: v.to("cuda:1") for k, v in load_file(str(weights_b / "model.safetensors")).items()}
     names = sorted(tensors)
     body = {"names": names, "dtypes": [str(tensors[n].dtype).replace("torch.", "") for n in names],
-            "shapes": [list(tensors[n].shape) for n in names], "group_name": "sparrow-trainer",
+            "shapes": [list(tensors[n].shape) for n in names], "group_name": name,
             "weight_version": "nccl-step-1"}
     reply = {}
     t0 = time.time()
