@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_extra_args", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if "--" in extra:  # `serve ... -- SGLANG ARGS`: the separator is ours, not SGLang's
+        extra.remove("--")
     args.extra_args = extra  # e.g. SGLang's own flags for `serve --engine sglang`
     try:
         return int(args.func(args) or 0)

@@ -279,3 +279,21 @@ def test_serve_refuses_unknown_flags_without_sglang(capsys):
     assert "need --engine sglang" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["schedules", "list", "--no-such-flag"])
+
+
+def test_serve_sglang_command_line(tmp_path):
+    from sparrow_server.cli import build_parser
+    from sparrow_server.commands.serve import sglang_command
+
+    argv = ["serve", "--engine", "sglang", "--model", "/m", "--port", "31001", "--max-lora-rank", "8",
+            "--state-dir", str(tmp_path), "--default-schedule", SPARSE, "--", "--mem-fraction-static", "0.8",
+            "--enable-lora", "--lora-target-modules", "q_proj", "v_proj"]
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    extra.remove("--")
+    args.extra_args = extra
+    sgl, env, _ = sglang_command(args)
+    assert sgl[:4] == ["--model-path", "/m", "--host", "127.0.0.1"] and "--api-key" not in sgl
+    assert sgl[sgl.index("--lora-target-modules") + 1:sgl.index("--lora-target-modules") + 3] == ["q_proj", "v_proj"]
+    assert sgl[sgl.index("--max-lora-rank") + 1] == "8"  # one rank limit for SGLang's pool and POST /adapters
+    assert env["SPARROW_DEFAULT_SCHEDULE"] == SPARSE and env["SPARROW_SCHEDULE_DIR"].startswith(str(tmp_path))
