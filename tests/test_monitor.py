@@ -198,3 +198,30 @@ def test_metrics_histogram_p5_and_violation_crossings():
     for name in ("sparrow_acceptance_bucket", "sparrow_acceptance_p5", "sparrow_acceptance_threshold",
                  "sparrow_tail_violations_total", "sparrow_verified_tokens_total", "sparrow_verified_requests_total"):
         assert name in text
+
+
+def test_verifier_drops_a_job_whose_weights_changed_before_its_dense_pass():
+    import numpy as np
+
+    from sparrow_server.monitor.metrics import AcceptanceMetrics
+    from sparrow_server.monitor.scoring import AcceptanceScores
+    from sparrow_server.monitor.verifier import DenseVerifier, StaleVerificationError, VerificationJob
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+
+    class Scorer:
+        def exact(self, prompt_ids, completion_ids, schedule, temperature, adapter=None, sparse_logits=None):
+            return AcceptanceScores(np.ones(len(completion_ids)), np.arange(len(completion_ids)), "exact")
+
+    from prometheus_client import CollectorRegistry
+
+    metrics = AcceptanceMetrics(CollectorRegistry())
+    served = ["v2"]
+    verifier = DenseVerifier(Scorer(), metrics, weight_version=lambda: served[0])
+    job = VerificationJob(rid="r", schedule=ScheduleRegistry().get("dense"), prompt_ids=(1, 2), completion_ids=(3, 4),
+                          temperature=1.0, weight_version="v1")
+    with pytest.raises(StaleVerificationError):
+        verifier.score(job)
+    assert verifier.stale == 1
+    served[0] = "v1"
+    assert verifier.score(job).scores.n_tokens == 2 and verifier.stale == 1
+    verifier.close()

@@ -297,3 +297,20 @@ def test_serve_sglang_command_line(tmp_path):
     assert sgl[sgl.index("--lora-target-modules") + 1:sgl.index("--lora-target-modules") + 3] == ["q_proj", "v_proj"]
     assert sgl[sgl.index("--max-lora-rank") + 1] == "8"  # one rank limit for SGLang's pool and POST /adapters
     assert env["SPARROW_DEFAULT_SCHEDULE"] == SPARSE and env["SPARROW_SCHEDULE_DIR"].startswith(str(tmp_path))
+
+
+def test_verification_across_a_weight_update_is_dropped_not_scored():
+    rt = FakeRuntime(weight_version="step-1")
+    outer, engine, _ = _hosted(rt, verify_fraction=0.0)
+    real_generate = rt.generate
+
+    async def generate_after_update(**kw):
+        rt.weight_version = "step-2"  # the weights change between the rollout and its dense pass
+        return await real_generate(**kw)
+    rt.generate = generate_after_update
+    with TestClient(outer) as client:
+        out = client.post("/rollout", json={"input_ids": [1, 2, 3], "verify": True,
+                                            "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}}).json()
+        verifier = outer.routes[-1].app.state.service.verifier
+    assert out["meta"]["weight_version"] == "step-1" and "acceptance_p5" not in out["meta"]
+    assert "StaleVerificationError" in out["meta"]["acceptance_error"] and verifier.stale == 1

@@ -28,13 +28,15 @@ def build_verifier(engine: Any, metrics: AcceptanceMetrics | None,
     offer = getattr(engine, "verification_scorer", None)
     if callable(offer):
         scorer, record_topk = offer()
-        return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=record_topk)
+        return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=record_topk,
+                             weight_version=getattr(scorer, "weight_version", None))
     runner = getattr(engine, "runner", None)
     lock = getattr(engine, "_step_lock", None)
     if runner is None or lock is None:
         return None
     scorer = HFScorer(lambda: engine.runner.model, lock=lock)
-    return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=EXACT_NO_RECORDING)
+    return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=EXACT_NO_RECORDING,
+                         weight_version=lambda: engine.info().weight_version)
 
 
 def request_flags(verifier: DenseVerifier | None, requested: bool) -> dict[str, Any]:
@@ -44,11 +46,12 @@ def request_flags(verifier: DenseVerifier | None, requested: bool) -> dict[str, 
 
 
 def _job(request: Any, schedule: Schedule, token_ids: list[int], top_logprobs: list[Any], requested: bool,
-         adapter: str | None) -> VerificationJob:
+         adapter: str | None, weight_version: str | None) -> VerificationJob:
     topk = topk_from_chunks(top_logprobs) if request.record_topk and top_logprobs else None
     return VerificationJob(
         rid=request.rid, schedule=schedule, prompt_ids=tuple(request.input_ids), completion_ids=tuple(token_ids),
         temperature=request.sampling.logprob_temperature, adapter=adapter, sparse_topk=topk, requested=requested,
+        weight_version=weight_version,
     )
 
 
@@ -59,7 +62,8 @@ async def on_finished(verifier: DenseVerifier | None, request: Any, schedule: Sc
         return None
     if sample.finish is None or sample.finish.type not in ("stop", "length"):
         return None  # aborted or failed: nothing meaningful to score
-    job = _job(request, schedule, sample.token_ids, sample.top_logprobs, requested, sample.adapter)
+    job = _job(request, schedule, sample.token_ids, sample.top_logprobs, requested, sample.adapter,
+               getattr(sample, "weight_version", None))
     future = verifier.submit(job)
     if future is None or not requested:
         return None

@@ -16,7 +16,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -50,6 +50,12 @@ class VerificationJob:
     sparse_topk: tuple[Any, Any] | None = None
     sparse_logits: Any = None
     requested: bool = False  # verify: true (never dropped)
+    weight_version: str | None = None  # the weights the rollout ran on (None: do not check)
+
+
+class StaleVerificationError(RuntimeError):
+    """The server's weights changed between the rollout and its dense pass: the result would compare
+    the rollout against another policy, so it is dropped (counted in ``DenseVerifier.stale``)."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,8 @@ class DenseVerifier:
 
     def __init__(self, scorer: Any, metrics: AcceptanceMetrics | None = None,
                  sample_fraction: float = DEFAULT_SAMPLE_FRACTION, record_topk: int = DEFAULT_RECORD_TOPK,
-                 max_pending: int = DEFAULT_MAX_PENDING, seed: int | None = None):
+                 max_pending: int = DEFAULT_MAX_PENDING, seed: int | None = None,
+                 weight_version: Callable[[], str | None] | None = None):
         if not 0.0 <= sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction = {sample_fraction!r}: must be in [0, 1]")
         if record_topk < 0:
@@ -111,6 +118,10 @@ class DenseVerifier:
         self._lock = threading.Lock()
         self._pending = 0
         self.dropped = 0
+        self.stale = 0
+        # The weight version the dense pass ran on, read after scoring: a job whose rollout ran on other
+        # weights is dropped (a swap before or during scoring shows here).
+        self.weight_version = weight_version
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparrow-verifier")
 
     def should_verify(self, requested: bool) -> bool:
@@ -125,10 +136,20 @@ class DenseVerifier:
         start = time.monotonic()
         scores = score_rollout(self.scorer, job.prompt_ids, job.completion_ids, job.schedule, job.temperature,
                                job.adapter, job.sparse_topk, job.sparse_logits)
+        self._check_weights(job)
         result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start)
         if self.metrics is not None:
             self.metrics.observe(job.schedule, scores.acceptance, scores.basis_lengths)
         return result
+
+    def _check_weights(self, job: VerificationJob) -> None:
+        current = self.weight_version() if self.weight_version is not None else None
+        if job.weight_version is None or current is None or current == job.weight_version:
+            return
+        with self._lock:
+            self.stale += 1
+        raise StaleVerificationError(f"rollout {job.rid} ran on weights {job.weight_version!r}, the dense pass on "
+                                     f"{current!r}: not scored")
 
     def submit(self, job: VerificationJob) -> Future | None:
         """Queue a job for the background thread; ``None`` when a sampled job is dropped (backlog full)."""
@@ -145,7 +166,9 @@ class DenseVerifier:
         with self._lock:
             self._pending -= 1
         exc = future.exception()
-        if exc is not None:
+        if isinstance(exc, StaleVerificationError):
+            log.info("%s", exc)
+        elif exc is not None:
             log.error("dense verification failed: %s: %s", type(exc).__name__, exc)
 
     @property
@@ -158,6 +181,6 @@ class DenseVerifier:
 
 
 __all__ = [
-    "DenseVerifier", "VerificationJob", "VerificationResult", "topk_from_chunks", "DEFAULT_SAMPLE_FRACTION",
+    "DenseVerifier", "VerificationJob", "VerificationResult", "StaleVerificationError", "topk_from_chunks", "DEFAULT_SAMPLE_FRACTION",
     "DEFAULT_RECORD_TOPK", "DEFAULT_MAX_PENDING",
 ]

@@ -70,6 +70,7 @@ class SGLangDenseScorer:
         self._runtime = runtime
         self._get_loop = get_loop
         self.timeout_s = timeout_s
+        self._last_version: str | None = None  # of the last dense prefill (one verifier thread calls this)
 
     def dense_topk(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
                    temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +82,12 @@ class SGLangDenseScorer:
             raise RuntimeError("the SGLang engine has not started")
         coro = self._runtime.generate(**dense_prefill_kwargs(prompt_ids, completion_ids, k))
         out = asyncio.run_coroutine_threadsafe(coro, loop).result(self.timeout_s)
+        self._last_version = out["meta_info"].get("weight_version")
         return topk_from_prefill_meta(out["meta_info"], completion_ids, k)
+
+    def weight_version(self) -> str | None:
+        """The weight version SGLang reported for the last dense prefill (checked against the rollout's)."""
+        return self._last_version
 
     def exact(self, *args: Any, **kwargs: Any):
         raise ValueError("the SGLang engine has no exact (full-distribution) verification: the sparse top-k "

@@ -76,7 +76,8 @@ class FakeRuntime:
         tokens = [[None, ids[start], None]] + [[self._logprob(p, ids[p]), ids[p], None] for p in range(start + 1, len(ids))]
         tops = [None] + [[[lp, i, None] for lp, i in distribution(p, k, self.dense_shift)]
                          for p in range(start + 1, len(ids))]
-        return {"output_ids": [], "meta_info": {"input_token_logprobs": tokens, "input_top_logprobs": tops}}
+        return {"output_ids": [], "meta_info": {"input_token_logprobs": tokens, "input_top_logprobs": tops,
+                                                "weight_version": self.weight_version}}
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)
