@@ -142,6 +142,12 @@ def main(out: Path, parts: tuple[str, ...]) -> int:
 
     os.environ.update(NCCL_ENV)  # the servers inherit it (Server copies os.environ)
     out.mkdir(parents=True, exist_ok=True)
+    # The first router run could not reach the workers on loopback ("error sending request") while
+    # Python clients could: record the proxy settings the Rust client may honour, and exempt loopback.
+    proxies = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
+    (out / "proxy_env.json").write_text(json.dumps(proxies, indent=1))
+    for key in ("NO_PROXY", "no_proxy"):
+        os.environ[key] = ",".join(filter(None, [os.environ.get(key, ""), "127.0.0.1", "localhost"]))
     tmp = Path(tempfile.mkdtemp(prefix="fleet2gpu-"))
     weights_a = S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5)
     weights_b = S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5)
