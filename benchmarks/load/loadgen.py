@@ -191,19 +191,13 @@ class Server:
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONPATH": str(REPO)})
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("server did not become healthy")
-            time.sleep(0.2)
+        from sparrow_server.commands.demo import wait_healthy
+
+        try:
+            wait_healthy(self.url, self.proc, timeout_s)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}: {self.log_path.read_text()[-2000:]}") from None
 
     def stop(self) -> None:
         if self.proc.poll() is None:

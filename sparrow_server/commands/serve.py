@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparrow_server.commands.serve_security import add_security_arguments, limits_from_args, security_from_args
 from sparrow_server.engine.adapter_registry import DEFAULT_MAX_LORA_RANK
@@ -50,8 +52,20 @@ def parse_adapters(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _service_parts(args: argparse.Namespace) -> dict:
-    """What the sparrow app needs besides its engine: schedules, state, security, limits, verification."""
+@dataclass(frozen=True)
+class ServiceParts:
+    """What the sparrow app needs besides its engine, built from ``serve``'s flags."""
+
+    security: Any
+    security_summary: str
+    limits: Any
+    verify: dict  # create_app's verify_fraction, when the flag was given
+    state: Any
+    schedules: Any
+
+
+def _service_parts(args: argparse.Namespace) -> ServiceParts:
+    """Schedules, state, security, limits and verification settings (bad flags raise ValueError)."""
     from sparrow_server.server.state import StateDir, default_state_dir
     from sparrow_server.sparsity.registry import ScheduleRegistry
 
@@ -61,19 +75,19 @@ def _service_parts(args: argparse.Namespace) -> dict:
     state = StateDir(Path(args.state_dir) if args.state_dir else default_state_dir()).create()
     schedules = ScheduleRegistry.load(persist_dir=state.schedules)
     schedules.get(args.default_schedule)
-    return {"security": security, "security_summary": security_summary, "limits": limits_from_args(args),
-            "verify": {} if args.verify_fraction is None else {"verify_fraction": args.verify_fraction},
-            "state": state, "schedules": schedules}
+    return ServiceParts(security, security_summary, limits_from_args(args),
+                        {} if args.verify_fraction is None else {"verify_fraction": args.verify_fraction},
+                        state, schedules)
 
 
-def sparrow_app(args: argparse.Namespace, parts: dict, engine, tokenizer):
+def sparrow_app(args: argparse.Namespace, parts: ServiceParts, engine, tokenizer):
     """The sparrow FastAPI app around ``engine``."""
     from sparrow_server.engine.adapter_registry import default_adapter_manager
     from sparrow_server.server.app import create_app
 
-    adapters = default_adapter_manager(engine, persist_dir=parts["state"].adapters, max_rank=args.max_lora_rank)
-    return create_app(engine, parts["schedules"], args.default_schedule, tokenizer, security=parts["security"],
-                      limits=parts["limits"], adapters=adapters, **parts["verify"])
+    adapters = default_adapter_manager(engine, persist_dir=parts.state.adapters, max_rank=args.max_lora_rank)
+    return create_app(engine, parts.schedules, args.default_schedule, tokenizer, security=parts.security,
+                      limits=parts.limits, adapters=adapters, **parts.verify)
 
 
 def build_app(args: argparse.Namespace):
@@ -90,7 +104,7 @@ def build_app(args: argparse.Namespace):
     built = build_engine(engine_name, options)
     app = sparrow_app(args, parts, built.engine, built.tokenizer)
     summary = (f"engine {engine_name}, model {built.model_name} on {device}, default schedule {args.default_schedule}, "
-               f"state dir {parts['state'].root}; {parts['security_summary']}")
+               f"state dir {parts.state.root}; {parts.security_summary}")
     return app, summary
 
 
@@ -103,7 +117,7 @@ def _load_tokenizer(model: str):
         return None
 
 
-def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], dict]:
+def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], ServiceParts]:
     """(SGLang argv, plug-in environment, service parts) of ``serve --engine sglang``."""
     from sparrow_server.sglang_plugin.host import plugin_environment, sglang_argv
 
@@ -115,7 +129,7 @@ def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str],
         extra += ["--max-lora-rank", str(args.max_lora_rank)]  # one limit for SGLang's pool and POST /adapters
     argv = sglang_argv(args.model, args.host, args.port, parse_adapters(args.adapter), args.max_batch_size,
                        tuple(extra) + ("--log-level", args.log_level))
-    env = plugin_environment(args.default_schedule, str(parts["state"].schedules))
+    env = plugin_environment(args.default_schedule, str(parts.state.schedules))
     return argv, env, parts
 
 
@@ -125,9 +139,9 @@ def run_sglang(args: argparse.Namespace) -> int:
     argv, env, parts = sglang_command(args)
     tokenizer = _load_tokenizer(args.model)
     print(f"sparrow-server: SGLang server with the sparrow backend on http://{args.host}:{args.port} "
-          f"(SGLang args: {' '.join(argv)}; {parts['security_summary']})", flush=True)
+          f"(SGLang args: {' '.join(argv)}; {parts.security_summary})", flush=True)
     run_sglang_server(argv, lambda engine: sparrow_app(args, parts, engine, tokenizer), env,
-                      admin_api_key=parts["security"].api_key)
+                      admin_api_key=parts.security.api_key)
     return 0
 
 

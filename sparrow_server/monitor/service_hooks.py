@@ -63,7 +63,7 @@ async def on_finished(verifier: DenseVerifier | None, request: Any, schedule: Sc
     if sample.finish is None or sample.finish.type not in ("stop", "length"):
         return None  # aborted or failed: nothing meaningful to score
     job = _job(request, schedule, sample.token_ids, sample.top_logprobs, requested, sample.adapter,
-               getattr(sample, "weight_version", None))
+               sample.weight_version or None)
     future = verifier.submit(job)
     if future is None or not requested:
         return None

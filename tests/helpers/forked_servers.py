@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from fleet_util import wait_until as wait_for  # one poll loop for the fleet tests
+
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 
@@ -128,16 +130,6 @@ class Zygote:
             self.proc.kill()
             self.proc.wait()
         self.stderr.close()
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if predicate():
-                return
-        time.sleep(interval_s)
-    raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 def wait_healthy(server: ForkedServer, timeout_s: float = 60.0) -> None:

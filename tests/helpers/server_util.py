@@ -5,10 +5,9 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from sparrow_server.commands.demo import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,18 +47,11 @@ class ServerProcess:
         self._wait(timeout_s)
 
     def _wait(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {Path(self.log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become healthy")
+        try:
+            wait_healthy(self.url, self.proc, timeout_s)
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}: {Path(self.log.name).read_text()[-3000:]}") from None
 
     def stop(self) -> None:
         if self.log.closed:
