@@ -360,7 +360,10 @@ def test_pause_abort_aborts_and_holds_new_requests_until_continue(ckpt):
         running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
         await running.until(3)
         await sync.pause_generation("abort")
-        assert running.task.done()
+        # pause returns once the request is finished; its last chunk reaches the client's task a few
+        # event-loop turns later, and must do so while generation is still paused
+        assert "run" not in engine.live_requests()
+        await asyncio.wait_for(running.task, timeout=5.0)
         held = Stream(engine, req("held", max_new=4))
         await asyncio.sleep(0.1)
         assert not held.tokens
