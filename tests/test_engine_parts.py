@@ -60,7 +60,7 @@ def test_truncation_matches_brute_force(top_k, top_p):
     ("sampling_params.temperature", {"temperature": -0.5}),
     ("sampling_params.top_p", {"top_p": 0.0}),
     ("sampling_params.top_p", {"top_p": 1.5}),
-    ("sampling_params.max_new_tokens", {"max_new_tokens": 0}),
+    ("sampling_params.max_new_tokens", {"max_new_tokens": -1}),
     ("sampling_params.top_k", {"top_k": 0}),
 ])
 def test_sampling_params_name_field_and_value(field, kwargs):

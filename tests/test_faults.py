@@ -80,10 +80,10 @@ def test_reference_engine_step_failure_is_contained(reference_client, monkeypatc
     client, engine = reference_client
     real_prefill, real_decode = engine.runner.prefill, engine.runner.decode
 
-    def prefill(prompt, adapter, ctx):
+    def prefill(prompt, adapter, ctx, **kw):
         if prompt[0] == POISON:
             raise RuntimeError("injected prefill failure")
-        return real_prefill(prompt, adapter, ctx)
+        return real_prefill(prompt, adapter, ctx, **kw)
 
     failures = {"decode": 1}
 

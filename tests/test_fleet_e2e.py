@@ -106,6 +106,11 @@ def test_client_generate_body_carries_the_schedule_both_ways():
         generate_payload({"extra_key": "salt"}, schedule=SCHEDULE_NAME)
     with pytest.raises(ValueError, match="custom_params"):
         generate_payload(named, schedule=SCHEDULE_NAME)
+    batch = generate_payload({"input_ids": [[1], [2]], "sampling_params": [{"n": 2}, {}]}, schedule=SCHEDULE_NAME)
+    assert [p["custom_params"] for p in batch["sampling_params"]] == [{"sparrow_schedule": SCHEDULE_NAME}] * 2
+    assert batch["sampling_params"][0]["n"] == 2 and batch["extra_key"] == f"sparrow_schedule={SCHEDULE_NAME}"
+    with pytest.raises(ValueError, match="several schedules"):
+        generate_payload({"sampling_params": [named["sampling_params"], {"custom_params": {"sparrow_schedule": "x"}}]})
 
 
 def test_client_resends_the_same_rid_after_the_routers_500():

@@ -87,6 +87,35 @@ def test_recorded_topk_is_requested_and_returned():
     assert [len(row) for c in chunks for row in c.top_logprobs] == [20] * 4
 
 
+@pytest.mark.parametrize("incremental", [False, True])
+def test_prompt_logprobs_arrive_once_in_the_engine_shape(incremental):
+    """SGLang repeats input logprobs in every streamed output; the engine passes them on once."""
+    rt = FakeRuntime(chunk_tokens=2, incremental=incremental)
+    req = GenerationRequest(rid="p", input_ids=(5, 6, 7, 8), logprob_start_len=1, top_logprobs=2,
+                            sampling=SamplingParams(max_new_tokens=5))
+    chunks = _collect(SGLangEngine(rt), req)
+    assert rt.calls[0]["logprob_start_len"] == 1
+    with_prompt = [c for c in chunks if c.prompt_logprobs is not None]
+    assert len(with_prompt) == 1 and with_prompt[0] is chunks[0]
+    want = rt._prompt_rows([5, 6, 7, 8], 1, 2)
+    assert list(chunks[0].prompt_logprobs) == [row[0] for row in want["input_token_logprobs"]]
+    assert chunks[0].prompt_logprobs[0] is None and len(chunks[0].prompt_logprobs) == 3
+    assert chunks[0].prompt_top_logprobs[0] is None
+    assert [[(lp, i) for lp, i, _ in row] for row in want["input_top_logprobs"][1:]] == \
+        [list(row) for row in chunks[0].prompt_top_logprobs[1:]]
+    plain = FakeRuntime()
+    assert all(c.prompt_logprobs is None for c in _collect(SGLangEngine(plain), GenerationRequest(rid="q", input_ids=(1,))))
+    assert plain.calls[0]["logprob_start_len"] == -1  # SGLang's "output logprobs only"
+
+
+def test_scoring_only_request_on_sglang():
+    rt = FakeRuntime()
+    chunks = _collect(SGLangEngine(rt), GenerationRequest(rid="z", input_ids=(3, 4, 5), logprob_start_len=0,
+                                                           sampling=SamplingParams(max_new_tokens=0)))
+    assert len(chunks) == 1 and chunks[0].token_ids == () and chunks[0].finish.type == "length"
+    assert len(chunks[0].prompt_logprobs) == 3 and rt.calls[0]["sampling_params"]["max_new_tokens"] == 0
+
+
 def test_dense_request_sends_no_schedule_when_none():
     assert "custom_params" not in sampling_dict(GenerationRequest(rid="x", input_ids=(1,)))
     assert StreamState(GenerationRequest(rid="x", input_ids=(1,))).sent == 0

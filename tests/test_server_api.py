@@ -135,7 +135,7 @@ def test_unknown_schedule_and_adapter_404(client):
     assert "ghost" in error(client.post("/generate", json={"input_ids": PROMPT, "lora_path": "ghost"}), 404)["message"]
 
 
-@pytest.mark.parametrize("key,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", 0),
+@pytest.mark.parametrize("key,value", [("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("max_new_tokens", -1),
                                        ("temperature", "hot"), ("top_k", 0)])
 def test_bad_sampling_params_422(client, key, value):
     e = error(rollout(client, sampling_params={key: value}), 422)

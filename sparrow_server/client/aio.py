@@ -8,7 +8,7 @@ import httpx
 
 from sparrow_server.client.common import (
     DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_S, DEFAULT_URL, NDJSON, RETRYABLE_ERRORS, RETRYABLE_STATUS, RetryPolicy,
-    generate_payload, parse_stream_line, raise_for_status, rollout_payload,
+    generate_payload, parse_stream_line, raise_for_status, rollout_payload, score_payload, scored_logprobs,
 )
 from sparrow_server.client.types import RolloutEvent, RolloutResult, SparrowError, results_from_json
 
@@ -81,6 +81,11 @@ class AsyncSparrowClient:
     async def generate(self, payload: dict[str, Any], schedule: str | None = None) -> dict[str, Any]:
         """SGLang ``/generate`` (non-streaming), schedule sent so that it survives the router (``generate_payload``)."""
         return await self._request("POST", "/generate", generate_payload(payload, schedule))
+
+    async def score(self, prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None) -> list[float]:
+        """Logprobs of ``completion_ids`` after ``prompt_ids`` from one dense prefill (no decoding), at
+        temperature 1, with ``adapter`` or the base model: the target policy's logprobs of a sparse rollout."""
+        return scored_logprobs(await self.generate(score_payload(prompt_ids, completion_ids, adapter)))
 
     async def schedules(self) -> dict[str, Any]:
         return await self._request("GET", "/schedules")

@@ -56,22 +56,43 @@ def generate_payload(payload: dict[str, Any], schedule: str | None = None) -> di
     ``custom_params.sparrow_schedule``) goes both in ``sampling_params.custom_params``, which a
     server reads, and in ``extra_key`` as ``sparrow_schedule=NAME``, the only one the router keeps."""
     body: dict[str, Any] = {**payload, "stream": False}
-    body["rid"] = body.get("rid") or uuid.uuid4().hex
-    sampling = dict(body.get("sampling_params") or {})
-    custom = dict(sampling.get("custom_params") or {})
-    named = custom.get(SCHEDULE_CUSTOM_PARAM)
-    if schedule is None and named is None:
+    body["rid"] = body.get("rid") or uuid.uuid4().hex  # a batch's prompts become rid_0, rid_1, ... (SGLang's rule)
+    given = body.get("sampling_params") or {}
+    per_prompt = [dict(p or {}) for p in given] if isinstance(given, list) else [dict(given)]
+    named = {(p.get("custom_params") or {}).get(SCHEDULE_CUSTOM_PARAM) for p in per_prompt}
+    if schedule is None and named == {None}:
         return body
-    if schedule is not None and named not in (None, schedule):
-        raise ValueError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM} = {named!r}: differs from schedule={schedule!r}")
-    schedule = schedule if schedule is not None else named
+    if len(named - {None}) > 1:
+        raise ValueError(f"sampling_params: names several schedules {sorted(named - {None})}; send one request per schedule")
+    if schedule is not None and not named <= {None, schedule}:
+        raise ValueError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM} = {named - {None, schedule}}: "
+                         f"differs from schedule={schedule!r}")
+    schedule = schedule if schedule is not None else (named - {None}).pop()
     key = SCHEDULE_EXTRA_KEY_PREFIX + schedule
     if body.get("extra_key") not in (None, key):
         raise ValueError(f"extra_key = {body['extra_key']!r}: would be replaced by {key!r} (the schedule for the router)")
-    custom[SCHEDULE_CUSTOM_PARAM] = schedule
-    body["sampling_params"] = {**sampling, "custom_params": custom}
+    stamped = [{**p, "custom_params": {**(p.get("custom_params") or {}), SCHEDULE_CUSTOM_PARAM: schedule}}
+               for p in per_prompt]
+    body["sampling_params"] = stamped if isinstance(given, list) else stamped[0]
     body["extra_key"] = key
     return body
+
+
+def score_payload(prompt_ids: list[int], completion_ids: list[int], adapter: str | None = None) -> dict[str, Any]:
+    """A prefill-only ``/generate`` body (SGLang's scoring request) whose answer holds the logprobs
+    of ``completion_ids`` after ``prompt_ids``; read them with ``scored_logprobs``."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids: must not be empty (the first token has nothing to be scored against)")
+    body: dict[str, Any] = {"input_ids": list(prompt_ids) + list(completion_ids), "return_logprob": True,
+                            "logprob_start_len": len(prompt_ids) - 1, "sampling_params": {"max_new_tokens": 0}}
+    if adapter is not None:
+        body["lora_path"] = adapter
+    return body
+
+
+def scored_logprobs(response: dict[str, Any]) -> list[float]:
+    """The completion's logprobs from the answer to ``score_payload`` (its first entry is the prompt's last token)."""
+    return [row[0] for row in response["meta_info"]["input_token_logprobs"][1:]]
 
 
 def raise_for_status(response: httpx.Response) -> None:

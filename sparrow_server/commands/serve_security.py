@@ -22,6 +22,7 @@ LIMIT_HELP = {
     "max_prompt_tokens": "longest prompt in tokens (default: the model's context)",
     "max_new_tokens_limit": "largest max_new_tokens a request may ask (default: the model's context)",
     "max_n": "most samples per request",
+    "max_generate_batch": "most prompts in one batched /generate body",
     "max_top_logprobs": "most top logprobs per token",
     "max_streams_per_client": "generation requests in flight per client address, queued ones included (429 above)",
     "max_concurrent_streams": "generation requests in flight in total; more wait in the queue",

@@ -96,8 +96,8 @@ def _validate_sampling(p: SamplingParams) -> None:
     def bad(name: str, value: Any, reason: str) -> InvalidRequestError:
         return InvalidRequestError(f"sampling_params.{name}", value, reason)
 
-    if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 1:
-        raise bad("max_new_tokens", p.max_new_tokens, "must be an integer >= 1")
+    if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 0:
+        raise bad("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
     if not _finite(p.temperature) or p.temperature < 0:
         raise bad("temperature", p.temperature, "must be a finite number >= 0")
     if not _finite(p.top_p) or not 0.0 < p.top_p <= 1.0:
@@ -128,6 +128,9 @@ class GenerationRequest:
     ``return_selected_pages``: record, per generated token, the pages each sparse layer's KV
     heads attended (for tests and debugging). ``verify``/``record_topk``: reserved for dense
     verification (the sparse top-k distribution recorded per token, then re-scored densely).
+    ``logprob_start_len``: also report the logprobs of ``input_ids[logprob_start_len:]`` (SGLang's
+    field and semantics: from the dense prefill, at temperature 1, the first one ``None``);
+    ``None``: no prompt logprobs.
     """
 
     rid: str
@@ -139,6 +142,7 @@ class GenerationRequest:
     return_selected_pages: bool = False
     verify: bool = False
     record_topk: int = 0
+    logprob_start_len: int | None = None
 
     def __post_init__(self) -> None:
         if not self.input_ids:
@@ -147,6 +151,11 @@ class GenerationRequest:
             raise InvalidRequestError("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.record_topk < 0:
             raise InvalidRequestError("record_topk", self.record_topk, "must be >= 0")
+        start = self.logprob_start_len
+        if start is not None and (isinstance(start, bool) or not isinstance(start, int)
+                                  or not 0 <= start <= len(self.input_ids)):
+            raise InvalidRequestError("logprob_start_len", start,
+                                      f"must be in [0, {len(self.input_ids)}] (the prompt's length), or -1/null for none")
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,8 @@ class GenerationChunk:
 
     ``kv_budget_tokens[i]``: KV tokens the sparse layers attended to produce token ``i``
     (``None`` for the token produced by the dense prefill). ``finish`` is set on the last chunk.
+    ``prompt_logprobs``/``prompt_top_logprobs``: on the first chunk of a request that asked for them
+    (``logprob_start_len``), one entry per prompt token from that position on, the first ``None``.
     """
 
     rid: str
@@ -196,6 +207,8 @@ class GenerationChunk:
     finish: FinishReason | None = None
     adapter: str | None = None
     weight_version: str = DEFAULT_WEIGHT_VERSION
+    prompt_logprobs: tuple[float | None, ...] | None = None
+    prompt_top_logprobs: tuple[TopLogprobs | None, ...] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # engine-specific fields (e.g. verification)
 
     @property

@@ -94,41 +94,6 @@ class RolloutIn(BaseModel):
     verify: bool = False
 
 
-class GenerateIn(BaseModel):
-    """``POST /generate`` body: SGLang's ``GenerateReqInput`` (unknown top-level keys ignored, as SGLang does)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    text: str | None = None
-    input_ids: list[int] | None = None
-    sampling_params: SamplingParamsIn = Field(default_factory=SamplingParamsIn)
-    return_logprob: bool = False
-    logprob_start_len: int | None = None
-    top_logprobs_num: int = 0
-    lora_path: str | None = None
-    stream: bool = False
-    rid: str | None = None
-    return_text_in_logprobs: bool = False
-    extra_key: str | None = None  # SGLang's cache salt; ``sparrow_schedule=NAME`` also names the schedule
-
-    def schedule_name(self) -> str | None:
-        """``custom_params.sparrow_schedule``, else ``extra_key`` = ``sparrow_schedule=NAME``, else None (default)."""
-        params = self.sampling_params.custom_params or {}
-        value = params.get(SCHEDULE_CUSTOM_PARAM)
-        if value is not None and not isinstance(value, str):
-            raise InvalidRequestError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM}", value, "must be a schedule name")
-        return value if value is not None else self.extra_key_schedule()
-
-    def extra_key_schedule(self) -> str | None:
-        """The schedule named by ``extra_key`` (other extra keys are only cache salts: None)."""
-        if self.extra_key is None or not self.extra_key.startswith(SCHEDULE_EXTRA_KEY_PREFIX):
-            return None
-        name = self.extra_key[len(SCHEDULE_EXTRA_KEY_PREFIX):]
-        if not name:
-            raise InvalidRequestError("extra_key", self.extra_key, f"names no schedule (expected {SCHEDULE_EXTRA_KEY_PREFIX}NAME)")
-        return name
-
-
 class AbortIn(BaseModel):
     rid: str
 

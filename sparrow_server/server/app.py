@@ -5,7 +5,6 @@ engine on startup and shuts it down on exit.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import Any
@@ -22,14 +21,15 @@ from sparrow_server.server.adapters import install_adapter_routes
 from sparrow_server.server.admission import (
     GuardedStreamingResponse,
     admission_of,
-    client_key,
     guarded_call,
     guarded_stream,
     install_admission,
 )
-from sparrow_server.server.api_models import AbortIn, GenerateIn, RolloutIn
+from sparrow_server.server.api_models import AbortIn, RolloutIn
 from sparrow_server.server.errors import error_response, install_error_handlers
-from sparrow_server.server.limits import Limits, check_rollout_limits, install_limits
+from sparrow_server.server.generate import install_generate_routes
+from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
+from sparrow_server.server.limits import Limits, install_limits
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
@@ -38,10 +38,6 @@ from sparrow_server.server.weights import install_weight_routes
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
 
-NDJSON = "application/x-ndjson"
-DISCONNECT_POLL_S = 0.25
-CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, but logs show it
-SSE = "text/event-stream"
 
 
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
@@ -71,7 +67,8 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     install_error_handlers(app)
     _hardening(app, service, security, limits or Limits())
     _rollout_routes(app, service)
-    _generate_routes(app, service)
+    install_generate_routes(app, service)
+    _abort_route(app, service)
     _schedule_routes(app, service)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
@@ -87,30 +84,8 @@ def _hardening(app: FastAPI, service: RolloutService, security: SecurityConfig |
     install_shutdown(app, admission, limits.retry_after_s)
 
 
-async def _admit(request: Request, ro):
-    """Check the configured request limits (422), then take a slot (429 / 503)."""
-    check_rollout_limits(request.app.state.limits, ro)
-    return await admission_of(request).acquire(client_key(request))
-
-
 def _wants_ndjson(request: Request) -> bool:
     return NDJSON in request.headers.get("accept", "")
-
-
-async def _collect_unless_disconnected(service: RolloutService, ro, request: Request):
-    """Collect a non-streaming rollout; if the client goes away first, abort it (frees its pages) -> None."""
-    task = asyncio.create_task(service.collect(ro))
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                return None
-    finally:  # disconnected, or this coroutine cancelled (timeout, shutdown): abort the generation
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
@@ -120,7 +95,7 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
         n = body.n if body.n != 1 else body.sampling_params.n
         ro = service.prepare("rollout", input_ids, body.sampling_params, body.schedule, body.adapter, body.top_logprobs,
                              n, body.rid, return_selected_pages=body.return_selected_pages, verify=body.verify)
-        slot = await _admit(request, ro)
+        slot = await admit(request, ro)
         with_text = service.tokenizer is not None
         if body.stream:
             encode, media = (formats.ndjson, NDJSON) if _wants_ndjson(request) else (formats.sse, SSE)
@@ -134,7 +109,7 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
 
             body_iter = guarded_stream(admission_of(request), slot, events(), error_event)
             return GuardedStreamingResponse(body_iter, media_type=media)
-        samples = await guarded_call(admission_of(request), slot, _collect_unless_disconnected(service, ro, request))
+        samples = await guarded_call(admission_of(request), slot, unless_disconnected(service.collect(ro), request))
         if samples is None:
             return Response(status_code=CLIENT_CLOSED)
         elapsed = time.monotonic() - ro.started
@@ -142,35 +117,7 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
         return results[0] if n == 1 else {"rid": ro.rid, "n": n, "samples": results}
 
 
-def _generate_routes(app: FastAPI, service: RolloutService) -> None:
-    @app.api_route("/generate", methods=["POST", "PUT"], dependencies=[Depends(require_rollout_auth)])
-    async def generate(body: GenerateIn, request: Request):
-        input_ids = service.encode(body.input_ids, body.text)
-        ro = service.prepare("generate", input_ids, body.sampling_params, body.schedule_name(), body.lora_path,
-                             body.top_logprobs_num, body.sampling_params.n, body.rid)
-        slot = await _admit(request, ro)
-        with_text = service.tokenizer is not None
-
-        def shape(sample) -> dict[str, Any]:
-            return formats.generate_response(ro, sample, time.monotonic() - ro.started, body.return_logprob,
-                                             body.top_logprobs_num, with_text)
-
-        if body.stream:
-            async def events():
-                async for sample, _, _ in service.stream(ro):
-                    yield formats.sse(shape(sample))
-                yield formats.SSE_DONE
-
-            def error_event(error: dict[str, Any]) -> bytes:
-                return formats.sse({"error": error, "done": True}) + formats.SSE_DONE
-
-            body_iter = guarded_stream(admission_of(request), slot, events(), error_event)
-            return GuardedStreamingResponse(body_iter, media_type=SSE)
-        samples = await guarded_call(admission_of(request), slot, _collect_unless_disconnected(service, ro, request))
-        if samples is None:
-            return Response(status_code=CLIENT_CLOSED)
-        return shape(samples[0]) if len(samples) == 1 else [shape(s) for s in samples]
-
+def _abort_route(app: FastAPI, service: RolloutService) -> None:
     @app.post("/abort_request", dependencies=[Depends(require_rollout_auth)])
     async def abort_request(body: AbortIn):
         return {"aborted": await service.engine.abort(body.rid)}

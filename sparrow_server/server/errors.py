@@ -15,6 +15,7 @@ from sparrow_server.engine.base import (
     InvalidRequestError,
     UnknownAdapterError,
 )
+from sparrow_server.server.generate_models import UNION_TAGS
 from sparrow_server.sparsity.registry import UnknownScheduleError
 from sparrow_server.sparsity.schedule import ScheduleError
 
@@ -25,7 +26,7 @@ def error_response(status: int, kind: str, message: str, **fields: Any) -> JSONR
 
 
 def _loc(loc: tuple) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    parts = [str(p) for p in loc if p != "body" and p not in UNION_TAGS]
     out = ""
     for p in parts:
         out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)

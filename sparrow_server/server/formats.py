@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 from sparrow_server.engine.base import GenerationChunk
+from sparrow_server.server.generate_models import GenerateItem
 from sparrow_server.server.service import Rollout, SampleResult
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -84,9 +85,12 @@ def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, wit
     return out
 
 
-def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, return_logprob: bool,
-                      top_logprobs_num: int, with_text: bool) -> dict[str, Any]:
-    """SGLang's ``/generate`` response (cumulative: everything generated so far)."""
+def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, item: GenerateItem,
+                      with_text: bool, token_text: Callable[[int], str] | None = None,
+                      index: int | None = None) -> dict[str, Any]:
+    """SGLang's ``/generate`` response (cumulative: everything generated so far). ``token_text``
+    (``return_text_in_logprobs``) fills the third entry of each logprob triple; ``index`` tags a
+    sample of a batch or of ``n`` (item-major, as SGLang orders them)."""
     meta: dict[str, Any] = {
         "id": sample.rid,
         "finish_reason": sample.finish.to_dict() if sample.finish else None,
@@ -98,20 +102,34 @@ def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, 
         "sparrow": {"schedule": rollout.schedule.name, "schedule_id": rollout.schedule.id, "adapter": sample.adapter,
                     "kv_budget_tokens_mean": sample.kv_budget_tokens_mean},
     }
-    if return_logprob:
-        meta["input_token_logprobs"] = []
-        meta["output_token_logprobs"] = [[lp, tok, None] for lp, tok in zip(sample.logprobs, sample.token_ids)]
-        meta["output_token_logprobs_length"] = len(sample.token_ids)
-        if top_logprobs_num:
-            meta["input_top_logprobs"] = []
-            meta["output_top_logprobs"] = [[[lp, tok, None] for lp, tok in per[:top_logprobs_num]]
-                                           for per in sample.top_logprobs]
+    if item.return_logprob:
+        meta.update(_generate_logprobs(rollout, sample, item, token_text))
     out: dict[str, Any] = {"output_ids": list(sample.token_ids), "meta_info": meta}
-    if len(rollout.requests) > 1:
-        out["index"] = sample.index  # SGLang tags each of n samples so streamed chunks can be told apart
+    if index is not None:
+        out["index"] = index
     if with_text:
         out = {"text": sample.text, **out}
     return out
+
+
+def _generate_logprobs(rollout: Rollout, sample: SampleResult, item: GenerateItem,
+                       token_text: Callable[[int], str] | None) -> dict[str, Any]:
+    def triple(lp: float | None, tok: int) -> list[Any]:
+        return [lp, tok, token_text(tok) if token_text else None]
+
+    def top_rows(rows: list[Any]) -> list[Any]:
+        return [None if row is None else [triple(lp, tok) for lp, tok in row[:item.top_logprobs_num]] for row in rows]
+
+    prompt = rollout.requests[0].input_ids[item.logprob_start_len or 0:] if sample.prompt_logprobs is not None else ()
+    meta: dict[str, Any] = {
+        "input_token_logprobs": [triple(lp, tok) for lp, tok in zip(sample.prompt_logprobs or (), prompt)],
+        "output_token_logprobs": [triple(lp, tok) for lp, tok in zip(sample.logprobs, sample.token_ids)],
+        "output_token_logprobs_length": len(sample.token_ids),
+    }
+    if item.top_logprobs_num:
+        meta["input_top_logprobs"] = top_rows(sample.prompt_top_logprobs or [])
+        meta["output_top_logprobs"] = top_rows(sample.top_logprobs)
+    return meta
 
 
 def _jsonable(value: Any) -> Any:

@@ -37,6 +37,7 @@ class Limits:
     max_prompt_tokens: int | None = None
     max_new_tokens_limit: int | None = None
     max_n: int = MAX_N
+    max_generate_batch: int = 1024  # prompts in one batched /generate body
     max_top_logprobs: int = MAX_TOP_LOGPROBS
     max_streams_per_client: int = 256
     max_concurrent_streams: int = 512
@@ -46,7 +47,8 @@ class Limits:
     drain_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_streams_per_client", "max_concurrent_streams", "retry_after_s"):
+        for name in ("max_body_bytes", "max_generate_batch", "max_streams_per_client", "max_concurrent_streams",
+                     "retry_after_s"):
             _check_int(name, getattr(self, name), 1)
         _check_int("max_queue", self.max_queue, 0)
         for name in ("max_prompt_tokens", "max_new_tokens_limit"):

@@ -43,8 +43,13 @@ class SampleResult:
     weight_version: str = ""
     first_token_at: float | None = None
     verification: dict[str, Any] | None = None  # acceptance_p5/mean for meta (monitor.service_hooks)
+    prompt_logprobs: list[float | None] | None = None  # asked for with ``logprob_start_len``
+    prompt_top_logprobs: list[Any] | None = None
 
     def add(self, chunk: GenerationChunk) -> None:
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = list(chunk.prompt_logprobs)
+            self.prompt_top_logprobs = list(chunk.prompt_top_logprobs or ())
         self.token_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
         if chunk.top_logprobs is not None:
@@ -72,19 +77,21 @@ class Rollout:
     requests: tuple[GenerationRequest, ...]
     started: float
     verify_requested: bool = False  # the client asked for dense verification
+    skip_special_tokens: bool = True  # for the returned text (SGLang's sampling key)
 
 
 class TextDecoder:
     """Incremental detokenisation: text deltas that never split a multi-byte character. Decodes a
     short window (from ``prefix`` on) per call, so a long generation costs O(tokens), not O(tokens^2)."""
 
-    def __init__(self, tokenizer: Any | None):
+    def __init__(self, tokenizer: Any | None, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.prefix = 0  # window start: tokens before it are final
         self.read = 0  # tokens already turned into text
 
     def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
 
     def delta(self, token_ids: Sequence[int]) -> str | None:
         if self.tokenizer is None:
@@ -141,18 +148,18 @@ class RolloutService:
         )
         for request in requests:
             self.engine.validate(request)
-        return Rollout(endpoint, rid, schedule, requests, time.monotonic(), verify_requested)
+        return Rollout(endpoint, rid, schedule, requests, time.monotonic(), verify_requested, sampling.skip_special_tokens)
 
     async def stream(self, rollout: Rollout) -> AsyncIterator[tuple[SampleResult, GenerationChunk, str | None]]:
         """Merged chunks of every sample: (accumulated sample, new chunk, text delta or None)."""
         name = rollout.schedule.name
         samples = [SampleResult(i, r.rid, len(r.input_ids)) for i, r in enumerate(rollout.requests)]
-        decoders = [TextDecoder(self.tokenizer) for _ in samples]
+        decoders = [TextDecoder(self.tokenizer, rollout.skip_special_tokens) for _ in samples]
         self.metrics.prompt_tokens.labels(name).inc(sum(s.prompt_tokens for s in samples))
         inflight = self.metrics.adapter_inflight.labels(rollout.requests[0].adapter or "")
         inflight.inc(len(samples))
         try:
-            async for i, chunk in _merge([self.engine.submit(r) for r in rollout.requests]):
+            async for i, chunk in merge([self.engine.submit(r) for r in rollout.requests]):
                 sample = samples[i]
                 if sample.first_token_at is None and chunk.token_ids:
                     sample.first_token_at = time.monotonic()
@@ -180,14 +187,17 @@ class RolloutService:
         return [samples[i] for i in sorted(samples)]
 
 
-async def _merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
-    """Interleave several chunk streams; closing this iterator cancels (so aborts) all of them."""
+async def merge(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
+    """Interleave several streams as (stream index, item); closing this iterator cancels (so aborts)
+    all of them. An exception in one stream is re-raised here."""
     queue: asyncio.Queue = asyncio.Queue()
+    exhausted = object()
 
-    async def pump(i: int, stream: AsyncIterator[GenerationChunk]) -> None:
+    async def pump(i: int, stream: AsyncIterator[Any]) -> None:
         try:
-            async for chunk in stream:
-                queue.put_nowait((i, chunk))
+            async for item in stream:
+                queue.put_nowait((i, item))
+            queue.put_nowait((i, exhausted))
         except Exception as exc:  # delivered to the consumer, which re-raises it
             queue.put_nowait((i, exc))
 
@@ -198,8 +208,9 @@ async def _merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator
             i, item = await queue.get()
             if isinstance(item, Exception):
                 raise item
-            if item.finish is not None:
+            if item is exhausted:
                 remaining -= 1
+                continue
             yield i, item
     finally:
         for task in tasks:

@@ -27,6 +27,7 @@ from sparrow_server.sglang_plugin.planning import attended_tokens
 from sparrow_server.sparsity.schedule import Schedule, dump_schedule
 
 PAGE_SIZE = 16
+PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class StreamState:
         self.request = request
         self.budgets = budgets
         self.sent = 0
+        self.prompt_sent = request.logprob_start_len is None  # prompt logprobs go out once, when first seen
 
     def chunk(self, out: dict[str, Any]) -> GenerationChunk:
         meta = out.get("meta_info", {})
@@ -131,7 +133,19 @@ class StreamState:
             logprobs=tuple(float(x[0]) for x in new_lps), prompt_tokens=int(meta.get("prompt_tokens", 0)),
             completion_tokens=self.sent, top_logprobs=new_tops, kv_budget_tokens=budgets, finish=finish_reason(meta),
             adapter=self.request.adapter, weight_version=str(meta.get("weight_version", DEFAULT_WEIGHT_VERSION)),
+            **self._prompt_fields(meta),
         )
+
+    def _prompt_fields(self, meta: dict[str, Any]) -> dict[str, Any]:
+        if self.prompt_sent or "input_token_logprobs" not in meta:
+            return {}
+        self.prompt_sent = True
+        tops = None
+        if self.request.top_logprobs:
+            tops = tuple(None if row is None else tuple((float(t[0]), int(t[1])) for t in row[:self.request.top_logprobs])
+                         for row in meta.get("input_top_logprobs") or ())
+        values = tuple(None if row[0] is None else float(row[0]) for row in meta["input_token_logprobs"])
+        return {"prompt_logprobs": values, "prompt_top_logprobs": tops}
 
 
 class SGLangEngine(Engine):
@@ -181,7 +195,8 @@ class SGLangEngine(Engine):
             stream = self._runtime.stream(
                 input_ids=list(request.input_ids), sampling_params=sampling_dict(request), return_logprob=True,
                 top_logprobs_num=top_logprobs_num(request) or None, lora_path=request.adapter, stream=True,
-                rid=request.rid)
+                rid=request.rid, logprob_start_len=PROMPT_LOGPROBS_OFF if request.logprob_start_len is None
+                else request.logprob_start_len)
             async for out in stream:
                 chunk = state.chunk(out)
                 self._weight_version = chunk.weight_version

@@ -17,19 +17,25 @@ class Collected:
     top: list[Any]
     finish: FinishReason
     adapter: str | None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top: list[Any] | None = None
 
 
 async def collect(engine, request: GenerationRequest) -> Collected:
     tokens, logprobs, selections, budgets, top = [], [], [], [], []
-    last = None
+    last, prompt_logprobs, prompt_top = None, None, None
     async for chunk in engine.submit(request):
+        if chunk.prompt_logprobs is not None:
+            assert prompt_logprobs is None, "prompt logprobs arrive once"
+            prompt_logprobs, prompt_top = list(chunk.prompt_logprobs), chunk.prompt_top_logprobs
         tokens += chunk.token_ids
         logprobs += chunk.logprobs
         selections += chunk.selected_pages or []
         budgets += chunk.kv_budget_tokens
         top += chunk.top_logprobs or []
         last = chunk
-    return Collected(tokens, logprobs, selections, budgets, top, last.finish, last.adapter)
+    return Collected(tokens, logprobs, selections, budgets, top, last.finish, last.adapter, prompt_logprobs,
+                     list(prompt_top) if prompt_top is not None else None)
 
 
 def run_requests(engine, *requests: GenerationRequest) -> list[Collected]:

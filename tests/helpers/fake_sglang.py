@@ -50,7 +50,8 @@ class FakeRuntime:
         n = kw["sampling_params"]["max_new_tokens"]
         k = kw.get("top_logprobs_num") or 0
         tokens = [(sum(prompt) + i) % VOCAB for i in range(n)]
-        for start in range(0, n, self.chunk_tokens):
+        prompt_start = kw.get("logprob_start_len", -1)
+        for start in range(0, max(n, 1), self.chunk_tokens):  # max_new_tokens 0: one output, finished
             await asyncio.sleep(self.token_delay_s)
             end = min(start + self.chunk_tokens, n)
             lo = start if self.incremental else 0
@@ -63,6 +64,8 @@ class FakeRuntime:
             if k:
                 meta["output_top_logprobs"] = [[[lp, i, None] for lp, i in distribution(len(prompt) + j, k)]
                                                for j in range(lo, end)]
+            if prompt_start >= 0:  # SGLang repeats the prompt logprobs in every streamed output
+                meta.update(self._prompt_rows(prompt, prompt_start, k))
             yield {"output_ids": tokens[lo:end], "meta_info": meta}
 
     @staticmethod
@@ -72,12 +75,16 @@ class FakeRuntime:
     async def generate(self, **kw: Any) -> dict[str, Any]:
         """The dense prefill: prompt logprobs from ``logprob_start_len`` on (first one has no logprob)."""
         self.calls.append(kw)
-        ids, start, k = kw["input_ids"], kw["logprob_start_len"], kw["top_logprobs_num"]
+        rows = self._prompt_rows(kw["input_ids"], kw["logprob_start_len"], kw["top_logprobs_num"], self.dense_shift)
+        return {"output_ids": [], "meta_info": {**rows, "weight_version": self.weight_version}}
+
+    def _prompt_rows(self, ids: list[int], start: int, k: int | None, shift: float = 0.0) -> dict[str, Any]:
+        """SGLang's input logprobs of ``ids[start:]``: the first one None."""
+        if start >= len(ids):
+            return {"input_token_logprobs": [], "input_top_logprobs": []}
         tokens = [[None, ids[start], None]] + [[self._logprob(p, ids[p]), ids[p], None] for p in range(start + 1, len(ids))]
-        tops = [None] + [[[lp, i, None] for lp, i in distribution(p, k, self.dense_shift)]
-                         for p in range(start + 1, len(ids))]
-        return {"output_ids": [], "meta_info": {"input_token_logprobs": tokens, "input_top_logprobs": tops,
-                                                "weight_version": self.weight_version}}
+        tops = [None] + [[[lp, i, None] for lp, i in distribution(p, k or 0, shift)] for p in range(start + 1, len(ids))]
+        return {"input_token_logprobs": tokens, "input_top_logprobs": tops}
 
     def abort(self, rid: str) -> None:
         self.aborted.append(rid)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def zygote_main() -> int:
             code = 1
             try:
                 code = cli.main(command["argv"])
+            except BaseException:  # os._exit below would swallow the traceback: put it in the log
+                traceback.print_exc()
+                raise
             finally:
                 sys.stdout.flush()
                 os._exit(code)

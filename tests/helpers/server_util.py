@@ -19,7 +19,8 @@ class CharTokenizer:
         return {"input_ids": [0] + [b % 120 + 1 for b in text.encode()]}
 
     def decode(self, ids, skip_special_tokens=True) -> str:
-        return "".join(chr(96 + (i % 26)) for i in ids if i)
+        """Token 0 (BOS) is special: ``<s>`` unless skipped."""
+        return "".join(chr(96 + (i % 26)) if i else ("" if skip_special_tokens else "<s>") for i in ids)
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
         return self("<user>" + messages[-1]["content"] + "<assistant>")["input_ids"]

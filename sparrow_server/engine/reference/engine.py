@@ -33,7 +33,7 @@ from sparrow_server.engine.reference.adapters import AdapterRegistry
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
 from sparrow_server.engine.reference.runner import ModelRunner
-from sparrow_server.engine.reference.sampler import SampledToken, make_generator, sample_token
+from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
 from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, budget_tokens, dense_schedule
 
@@ -266,9 +266,18 @@ class ReferenceEngine(Engine):
         self.cache.allocate(seq.table, len(prompt))
         ctx = ForwardContext(self.cache, [seq.table], torch.tensor([len(prompt)], device=self.runner.device),
                              is_prefill=True)
-        logits = self.runner.prefill(prompt, seq.adapter, ctx)
+        start = seq.request.logprob_start_len
+        logits = self.runner.prefill(prompt, seq.adapter, ctx, keep=1 if start is None else max(1, len(prompt) - start))
         seq.table.length = len(prompt)
-        self._emit(seq, sample_token(logits, seq.request.sampling, seq.generator, seq.request.top_logprobs), None, None)
+        scored = {}
+        if start is not None:
+            prompt_lps = prompt_logprobs(logits[:-1], prompt[start:], seq.request.top_logprobs)
+            scored = {"prompt_logprobs": prompt_lps.logprobs, "prompt_top_logprobs": prompt_lps.top_logprobs}
+        if seq.request.sampling.max_new_tokens == 0:  # scoring only (SGLang's prefill-only request)
+            self._finish(seq, FinishReason("length", length=0), (), (), extra=scored)
+            return
+        sampled = sample_token(logits[-1], seq.request.sampling, seq.generator, seq.request.top_logprobs)
+        self._emit(seq, sampled, None, None, scored)
 
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         seqs = list(seqs)
@@ -289,13 +298,15 @@ class ReferenceEngine(Engine):
             pages = _selection(ctx.selections[i], len(self.cache.k)) if ctx.record[i] else None
             self._emit(seq, sampled, budget, pages)
 
-    def _emit(self, seq: _Sequence, tok: SampledToken, budget: int | None, pages: PageSelection | None) -> None:
+    def _emit(self, seq: _Sequence, tok: SampledToken, budget: int | None, pages: PageSelection | None,
+              prompt_fields: dict | None = None) -> None:
         seq.output.append(tok.token_id)
         finish = self._finish_reason(seq, tok.token_id)
         chunk_fields = dict(
             token_ids=(tok.token_id,), logprobs=(tok.logprob,),
             top_logprobs=(tok.top_logprobs,) if tok.top_logprobs is not None else None,
             kv_budget_tokens=(budget,), selected_pages=(pages,) if seq.request.return_selected_pages else None,
+            **(prompt_fields or {}),
         )
         if finish is None:
             self._send(seq, self._chunk(seq, **chunk_fields))

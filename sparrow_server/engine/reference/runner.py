@@ -37,14 +37,15 @@ class ModelRunner:
         return {"adapter_names": [a if a is not None else PEFT_BASE for a in adapters]}
 
     @torch.inference_mode()
-    def prefill(self, input_ids: list[int], adapter: str | None, ctx: ForwardContext) -> Tensor:
-        """Dense prefill of one prompt (its pages already allocated) -> last-position logits [V]."""
+    def prefill(self, input_ids: list[int], adapter: str | None, ctx: ForwardContext, keep: int = 1) -> Tensor:
+        """Dense prefill of one prompt (its pages already allocated) -> the last ``keep`` positions'
+        logits [keep, V] (the last row predicts the first new token)."""
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         positions = torch.arange(len(input_ids), device=self.device)[None]
         with forward_context(ctx):
-            out = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=1,
+            out = self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                              **self._adapter_kwargs([adapter]))
-        return out.logits[0, -1]
+        return out.logits[0, -keep:]
 
     @torch.inference_mode()
     def decode(self, token_ids: list[int], adapters: list[str | None], ctx: ForwardContext) -> Tensor:

@@ -2,10 +2,13 @@
 
 The reported logprob of a token is ``log_softmax(logits / T)`` at that token, before top-k /
 top-p / min-p truncation, with ``T = 1`` when decoding greedily (``temperature == 0``).
+Prompt logprobs are at ``T = 1`` whatever the request's temperature (SGLang 0.5.17 scores input
+tokens on the raw logits).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -60,3 +63,30 @@ def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Genera
         values, ids = torch.topk(logp, top_logprobs)
         top = tuple(zip(values.tolist(), ids.tolist()))
     return SampledToken(token, float(logp[token]), top)
+
+
+PROMPT_LOGPROB_ROWS = 512  # log_softmax over this many positions at a time: a long prompt x vocab stays small
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    logprobs: tuple[float | None, ...]
+    top_logprobs: tuple[TopLogprobs | None, ...] | None
+
+
+def prompt_logprobs(logits: Tensor, tokens: Sequence[int], top_logprobs: int) -> PromptLogprobs:
+    """Logprobs of ``tokens`` (prompt tokens from some position on) in SGLang's shape: the first is
+    ``None`` (nothing before it was scored), token ``j`` (j >= 1) from ``logits[j - 1]``.
+    logits: [>= len(tokens) - 1, V], row ``j - 1`` the position just before ``tokens[j]``."""
+    values: list[float | None] = [None] if tokens else []
+    tops: list[TopLogprobs | None] | None = ([None] if tokens else []) if top_logprobs else None
+    targets = torch.tensor(list(tokens[1:]), dtype=torch.long, device=logits.device)
+    for lo in range(0, len(targets), PROMPT_LOGPROB_ROWS):
+        logp = torch.log_softmax(logits[lo:lo + PROMPT_LOGPROB_ROWS].to(torch.float32), dim=-1)
+        rows = targets[lo:lo + PROMPT_LOGPROB_ROWS]
+        logp = logp[:len(rows)]
+        values.extend(logp.gather(1, rows[:, None])[:, 0].tolist())
+        if tops is not None:
+            top_v, top_i = torch.topk(logp, top_logprobs, dim=-1)
+            tops.extend(tuple(zip(v, i)) for v, i in zip(top_v.tolist(), top_i.tolist()))
+    return PromptLogprobs(tuple(values), tuple(tops) if tops is not None else None)

@@ -1,0 +1,132 @@
+"""``POST /generate`` body: SGLang's ``GenerateReqInput``, single or batched.
+
+A batch is ``input_ids`` as a list of lists or ``text`` as a list; every per-prompt field
+(``sampling_params``, ``rid``, ``lora_path``, ``return_logprob``, ``logprob_start_len``,
+``top_logprobs_num``, ``extra_key``) is then one value for all prompts or a list with one per
+prompt, as in SGLang. ``items()`` resolves the body into one ``GenerateItem`` per prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from sparrow_server.engine.base import InvalidRequestError
+from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX, SamplingParamsIn
+
+NO_PROMPT_LOGPROBS = -1  # SGLang's logprob_start_len default: output logprobs only
+PER_PROMPT_FIELDS = ("sampling_params", "rid", "lora_path", "return_logprob", "logprob_start_len",
+                     "top_logprobs_num", "extra_key")
+
+
+@dataclass(frozen=True)
+class GenerateItem:
+    """One prompt of a ``/generate`` body with its own values of the per-prompt fields."""
+
+    index: int
+    input_ids: list[int] | None
+    text: str | None
+    sampling_params: SamplingParamsIn
+    rid: str | None
+    lora_path: str | None
+    return_logprob: bool
+    logprob_start_len: int | None  # None: no prompt logprobs
+    top_logprobs_num: int
+    schedule_name: str | None
+
+
+ONE, PER_PROMPT = "one", "per-prompt"  # union tags; errors.py drops them from error paths
+UNION_TAGS = frozenset({ONE, PER_PROMPT})
+
+
+def _tag_of(value: Any) -> str:
+    return PER_PROMPT if isinstance(value, list) else ONE
+
+
+def _tag_of_ids(value: Any) -> str:
+    return PER_PROMPT if isinstance(value, list) and value and isinstance(value[0], list) else ONE
+
+
+def one_or_per_prompt(single: Any, many: Any, tag=_tag_of) -> Any:
+    """A field that is one value or a list of one per prompt. The discriminator picks the member by
+    shape, so a bad value is reported once, for the member it was meant as."""
+    return Annotated[Union[Annotated[single, Tag(ONE)], Annotated[many, Tag(PER_PROMPT)]], Discriminator(tag)]
+
+
+class GenerateIn(BaseModel):
+    """Unknown top-level keys are ignored, as SGLang does."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    text: one_or_per_prompt(str, list[str]) | None = None
+    input_ids: one_or_per_prompt(list[int], list[list[int]], _tag_of_ids) | None = None
+    sampling_params: one_or_per_prompt(SamplingParamsIn, list[SamplingParamsIn]) = Field(default_factory=SamplingParamsIn)
+    return_logprob: one_or_per_prompt(bool, list[bool]) = False
+    logprob_start_len: one_or_per_prompt(int, list[int]) | None = None
+    top_logprobs_num: one_or_per_prompt(int, list[int]) = 0
+    lora_path: one_or_per_prompt(str, list[str | None]) | None = None
+    stream: bool = False
+    rid: one_or_per_prompt(str, list[str]) | None = None
+    return_text_in_logprobs: bool = False
+    # SGLang's cache salt; ``sparrow_schedule=NAME`` names the schedule
+    extra_key: one_or_per_prompt(str, list[str | None]) | None = None
+
+    @property
+    def batch_size(self) -> int | None:
+        """Prompts in a batched body; None for a single prompt."""
+        if isinstance(self.text, list):
+            return len(self.text)
+        if self.input_ids and isinstance(self.input_ids[0], list):
+            return len(self.input_ids)
+        return None
+
+    def listed_fields(self) -> set[str]:
+        """Top-level fields given as one value per prompt."""
+        batched = {"text", "input_ids"} if self.batch_size is not None else set()
+        return batched | {name for name in PER_PROMPT_FIELDS if isinstance(getattr(self, name), list)}
+
+    def items(self) -> list[GenerateItem]:
+        size = self.batch_size
+        if size == 0:
+            raise InvalidRequestError("text" if isinstance(self.text, list) else "input_ids", [], "must not be empty")
+        for name in PER_PROMPT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, list) and (size is None or len(value) != size):
+                why = "is a list but the body has one prompt" if size is None else f"has {len(value)} entries for {size} prompts"
+                raise InvalidRequestError(name, value, why)
+        return [self._item(i, size) for i in range(size or 1)]
+
+    def _item(self, i: int, size: int | None) -> GenerateItem:
+        def pick(name: str) -> Any:
+            value = getattr(self, name)
+            batched_input = size is not None and name in ("text", "input_ids") and value is not None
+            return value[i] if batched_input or (name in PER_PROMPT_FIELDS and isinstance(value, list)) else value
+
+        sampling, rid, start = pick("sampling_params"), pick("rid"), pick("logprob_start_len")
+        if size is not None and isinstance(self.rid, str):
+            rid = f"{self.rid}_{i}"  # one base rid for a batch: each prompt gets its own (as SGLang names them)
+        return GenerateItem(
+            index=i, input_ids=pick("input_ids"), text=pick("text"), sampling_params=sampling, rid=rid,
+            lora_path=pick("lora_path"), return_logprob=pick("return_logprob"),
+            logprob_start_len=None if not pick("return_logprob") or start in (None, NO_PROMPT_LOGPROBS) else start,
+            top_logprobs_num=pick("top_logprobs_num"), schedule_name=schedule_name(sampling, pick("extra_key")),
+        )
+
+
+def schedule_name(sampling: SamplingParamsIn, extra_key: str | None) -> str | None:
+    """``custom_params.sparrow_schedule``, else ``extra_key`` = ``sparrow_schedule=NAME``, else None (default)."""
+    value = (sampling.custom_params or {}).get(SCHEDULE_CUSTOM_PARAM)
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM}", value, "must be a schedule name")
+    return value if value is not None else extra_key_schedule(extra_key)
+
+
+def extra_key_schedule(extra_key: str | None) -> str | None:
+    """The schedule named by ``extra_key`` (other extra keys are only cache salts: None)."""
+    if extra_key is None or not extra_key.startswith(SCHEDULE_EXTRA_KEY_PREFIX):
+        return None
+    name = extra_key[len(SCHEDULE_EXTRA_KEY_PREFIX):]
+    if not name:
+        raise InvalidRequestError("extra_key", extra_key, f"names no schedule (expected {SCHEDULE_EXTRA_KEY_PREFIX}NAME)")
+    return name
