@@ -23,7 +23,7 @@ from sparrow_server.sglang_plugin.host import mount_sparrow, sglang_argv
 from sparrow_server.sglang_plugin.planning import plan_step
 from sparrow_server.sglang_plugin.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
-from sparrow_server.sparsity.schedule import parse_schedule_text
+from sparrow_server.sparsity.schedule import ScheduleError, parse_schedule_text, schedule_from_dict
 
 SPARSE = "qwen3-1.7b-0.86"
 
@@ -343,3 +343,39 @@ def test_verification_across_a_weight_update_is_dropped_not_scored():
         verifier = outer.routes[-1].app.state.service.verifier
     assert out["meta"]["weight_version"] == "step-1" and "acceptance_p5" not in out["meta"]
     assert "StaleVerificationError" in out["meta"]["acceptance_error"] and verifier.stale == 1
+
+
+def test_schedules_needing_other_dense_layers_are_refused_not_run_sparse(monkeypatch, tmp_path):
+    """The backend runs one set of dense layers for every request (the default schedule's): a
+    schedule that keeps another layer dense is a 422 on PUT /schedules and on /rollout."""
+    from sparrow_server.sglang_plugin.config import ENV_DEFAULT_SCHEDULE, ENV_SCHEDULE_DIR
+
+    monkeypatch.setenv(ENV_DEFAULT_SCHEDULE, SPARSE)
+    monkeypatch.setenv(ENV_SCHEDULE_DIR, str(tmp_path))
+    outer, engine, _ = _hosted(FakeRuntime())
+    assert engine.dense_layers == ScheduleRegistry().get(SPARSE).dense_layers == (0, 1)
+    more = {"budgets_tokens": [512], "dense_layers": [0, 1, 5]}
+    fewer = {"budgets_tokens": [512], "dense_layers": [0]}
+    with TestClient(outer) as client:
+        r = client.put("/schedules/more-dense", json=more)
+        assert r.status_code == 422 and r.json()["error"]["field"] == "dense_layers" and "[5]" in r.json()["detail"]
+        assert client.put("/schedules/fewer-dense", json=fewer).status_code == 200  # runs denser than asked: safe
+        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+        assert client.post("/rollout", json={**body, "schedule": "fewer-dense"}).status_code == 200
+        assert client.post("/rollout", json={**body, "schedule": "dense"}).status_code == 200
+    refused = schedule_from_dict({**more, "name": "m"})  # e.g. registered before the server's default changed
+    with pytest.raises(ScheduleError, match="keeps layers \\[5\\] dense"):
+        engine.validate(GenerationRequest(rid="m", input_ids=(1,), schedule=refused))
+
+
+def test_scheduler_warns_once_about_a_schedule_it_cannot_honour(caplog):
+    from sparrow_server.sglang_plugin.side_table import ScheduleTable
+
+    table = ScheduleTable(8, default=ScheduleRegistry().get(SPARSE))
+    odd = schedule_from_dict({"name": "odd", "budgets_tokens": [512], "dense_layers": [3]})
+    with caplog.at_level("WARNING"):
+        table.assign(1, odd, 10)
+        table.assign(2, odd, 10)
+        table.assign(3, ScheduleRegistry().get("dense"), 10)
+    assert [r.getMessage() for r in caplog.records if "layers [3]" in r.getMessage()] != []
+    assert len([r for r in caplog.records if "odd" in r.getMessage()]) == 1

@@ -279,6 +279,9 @@ class Engine(abc.ABC):
         """Names of the loaded adapters."""
         return ()
 
+    def check_schedule(self, schedule: Schedule) -> None:
+        """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: runs any)."""
+
     def resolve_adapter(self, name: str | None) -> str | None:
         """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""
         if name is None:

@@ -141,6 +141,7 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
         if data.setdefault("name", name) != name:
             raise ScheduleError("name", data["name"], f"differs from the name in the path ({name!r})")
         schedule = schedule_from_dict(data)
+        service.engine.check_schedule(schedule)
         persist = service.schedules.persist_dir is not None
         service.schedules.register(schedule, persist=persist, replace=True)
         return schedule.to_dict()

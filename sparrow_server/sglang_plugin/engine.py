@@ -24,7 +24,8 @@ from sparrow_server.engine.base import (
 )
 from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
 from sparrow_server.sglang_plugin.planning import attended_tokens
-from sparrow_server.sparsity.schedule import Schedule, dump_schedule
+from sparrow_server.sglang_plugin.state import server_dense_layers
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule
 
 PAGE_SIZE = 16
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
@@ -161,6 +162,7 @@ class SGLangEngine(Engine):
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
         self.topk_cap_pages = max(1, cfg.topk_cap_tokens // PAGE_SIZE)
+        self.dense_layers = server_dense_layers(cfg)
 
     @property
     def facts(self) -> ModelFacts:
@@ -184,7 +186,20 @@ class SGLangEngine(Engine):
         need = len(request.input_ids) + request.sampling.max_new_tokens
         if need > self.facts.context_length:
             raise ContextLengthError(len(request.input_ids), request.sampling.max_new_tokens, self.facts.context_length)
+        if request.schedule is not None:
+            self.check_schedule(request.schedule)
         self.resolve_adapter(request.adapter)
+
+    def check_schedule(self, schedule: Schedule) -> None:
+        """The backend keeps one set of dense layers for every request (``state.server_dense_layers``):
+        a schedule that needs another layer dense would silently run it sparse, so it is refused.
+        A schedule with fewer dense layers runs with the server's (denser than asked: never less accurate)."""
+        missing = sorted(set(schedule.dense_layers) - set(self.dense_layers))
+        if missing and not schedule.is_dense:
+            raise ScheduleError("dense_layers", list(schedule.dense_layers),
+                                f"schedule {schedule.name!r} keeps layers {missing} dense, but this SGLang server runs "
+                                f"them sparse (its dense layers, fixed at start by --default-schedule: "
+                                f"{list(self.dense_layers)}); start the server with a default schedule that has them")
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.validate(request)

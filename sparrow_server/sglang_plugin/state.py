@@ -28,6 +28,14 @@ def registry() -> ScheduleRegistry:
     return _registry
 
 
+def server_dense_layers(cfg: PluginConfig | None = None) -> tuple[int, ...]:
+    """Layers the backend runs dense for every request: the default schedule's, fixed when the
+    scheduler starts (the backend allocates landmarks for the others). The HTTP process computes
+    the same set from the same settings to refuse schedules that need more."""
+    cfg = cfg or config()
+    return ScheduleRegistry.load(persist_dir=cfg.schedule_dir).get(cfg.default_schedule).dense_layers
+
+
 def table(num_rows: int) -> ScheduleTable:
     """The schedule side table, created on first use with ``num_rows`` rows (pool size + 1)."""
     global _table
