@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from helpers.server_util import CharTokenizer
@@ -29,16 +28,13 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def client(model_dir, tmp_path_factory):
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+def client(model_dir, tmp_path_factory, one_torch_thread):
     tokenizer = CharTokenizer()
     engine = ReferenceEngine(load_plain(model_dir, "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
     schedules = ScheduleRegistry.load(persist_dir=tmp_path_factory.mktemp("state") / "schedules")
     app = create_app(engine, schedules, tokenizer=tokenizer, limits=Limits(max_generate_batch=4))
     with TestClient(app) as c:
         yield c
-    torch.set_num_threads(previous)
 
 
 def generate(client, status=200, **body):

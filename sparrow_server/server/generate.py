@@ -26,11 +26,12 @@ Prepared = list[tuple[GenerateItem, Rollout]]
 def install_generate_routes(app: FastAPI, service: RolloutService) -> None:
     async def generate(body: GenerateIn, request: Request):
         prepared = prepare_batch(service, body, request.app.state.limits.max_generate_batch)
-        shape = _shaper(service, body, prepared)
+        offsets = _offsets(prepared)
+        shape = _shaper(service, body, prepared, offsets)
         slot = await admit(request, *(ro for _, ro in prepared))
         if body.stream:
             async def events() -> AsyncIterator[bytes]:
-                async for k, sample in _stream(service, prepared):
+                async for k, sample in _stream(service, prepared, offsets):
                     yield formats.sse(shape(k, sample))
                 yield formats.SSE_DONE
 
@@ -39,7 +40,7 @@ def install_generate_routes(app: FastAPI, service: RolloutService) -> None:
 
             return GuardedStreamingResponse(guarded_stream(admission_of(request), slot, events(), error_event),
                                             media_type=SSE)
-        results = await guarded_call(admission_of(request), slot, unless_disconnected(_collect(service, prepared), request))
+        results = await guarded_call(admission_of(request), slot, unless_disconnected(_collect(service, prepared, offsets), request))
         if results is None:
             return Response(status_code=CLIENT_CLOSED)
         outputs = [shape(k, sample) for k, sample in results]
@@ -65,7 +66,9 @@ def prepare_batch(service: RolloutService, body: GenerateIn, max_generate_batch:
                 "generate", ids, item.sampling_params, item.schedule_name, item.lora_path, item.top_logprobs_num,
                 item.sampling_params.n, item.rid, logprob_start_len=item.logprob_start_len)))
         except InvalidRequestError as exc:
-            raise exc if body.batch_size is None else in_batch_item(exc, item.index, listed) from exc
+            if body.batch_size is None:
+                raise
+            raise in_batch_item(exc, item.index, listed) from exc
     return prepared
 
 
@@ -77,9 +80,8 @@ def in_batch_item(exc: InvalidRequestError, index: int, listed: set[str]) -> Inv
     return InvalidRequestError(exc.field, exc.value, f"{exc.reason} (prompt {index} of the batch)")
 
 
-def _shaper(service: RolloutService, body: GenerateIn, prepared: Prepared):
+def _shaper(service: RolloutService, body: GenerateIn, prepared: Prepared, offsets: list[int]):
     """(flat sample index, sample) -> SGLang's response object."""
-    offsets = _offsets(prepared)
     tagged = len(prepared) > 1 or len(prepared[0][1].requests) > 1
     token_text = _token_text(service) if body.return_text_in_logprobs else None
     with_text = service.tokenizer is not None
@@ -93,6 +95,7 @@ def _shaper(service: RolloutService, body: GenerateIn, prepared: Prepared):
 
 
 def _offsets(prepared: Prepared) -> list[int]:
+    """Flat index of each prompt's first sample (prompt-major, its ``n`` samples together)."""
     out, total = [], 0
     for _, ro in prepared:
         out.append(total)
@@ -100,16 +103,15 @@ def _offsets(prepared: Prepared) -> list[int]:
     return out
 
 
-async def _stream(service: RolloutService, prepared: Prepared) -> AsyncIterator[tuple[int, Any]]:
+async def _stream(service: RolloutService, prepared: Prepared, offsets: list[int]) -> AsyncIterator[tuple[int, Any]]:
     """(flat sample index, accumulated sample) per chunk of any prompt's samples."""
-    offsets = _offsets(prepared)
     async for i, (sample, _, _) in merge([service.stream(ro) for _, ro in prepared]):
         yield offsets[i] + sample.index, sample
 
 
-async def _collect(service: RolloutService, prepared: Prepared) -> list[tuple[int, Any]]:
+async def _collect(service: RolloutService, prepared: Prepared, offsets: list[int]) -> list[tuple[int, Any]]:
     last: dict[int, Any] = {}
-    async for k, sample in _stream(service, prepared):
+    async for k, sample in _stream(service, prepared, offsets):
         last[k] = sample
     return sorted(last.items())
 
