@@ -162,7 +162,8 @@ def test_other_bad_inputs_422(client):
     assert error(rollout(client, n=0), 422)["field"] == "n"
     assert error(rollout(client, sampling_params={"stop": [""]}), 422)["field"] == "sampling_params.stop[0]"
     assert error(rollout(client, unknown_field=1), 422)["field"] == "unknown_field"
-    assert error(rollout(client, sampling_params={"frequency_penalty": 0.5}), 422)["field"] == "sampling_params.frequency_penalty"
+    assert error(rollout(client, sampling_params={"frequency_penalty": 2.5}), 422)["field"] == "sampling_params.frequency_penalty"
+    assert error(rollout(client, sampling_params={"regex": "a+"}), 422)["field"] == "sampling_params.regex"
 
 
 @pytest.mark.parametrize("body,field,reason", [

@@ -18,6 +18,10 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 DEFAULT_TOP_K = -1  # -1 = no top-k truncation (SGLang's convention)
 DEFAULT_MIN_P = 0.0
+DEFAULT_FREQUENCY_PENALTY = 0.0
+DEFAULT_PRESENCE_PENALTY = 0.0
+DEFAULT_REPETITION_PENALTY = 1.0  # 1 = off
+PENALTY_BOUND = 2.0  # SGLang 0.5.17 bounds: frequency/presence in [-2, 2], repetition in (0, 2]
 MAX_TOP_LOGPROBS = 20
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
@@ -78,6 +82,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()  # stop strings (matched on the detokenised completion)
+    # SGLang's penalties, over the tokens generated so far (not the prompt), and its logit bias
+    frequency_penalty: float = DEFAULT_FREQUENCY_PENALTY
+    presence_penalty: float = DEFAULT_PRESENCE_PENALTY
+    repetition_penalty: float = DEFAULT_REPETITION_PENALTY
+    min_new_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self) -> None:
         _validate_sampling(self)
@@ -85,6 +95,12 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any penalty, ``min_new_tokens`` or logit bias changes the logits."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0
+                    or self.min_new_tokens or self.logit_bias)
 
     @property
     def logprob_temperature(self) -> float:
@@ -114,6 +130,23 @@ def _validate_sampling(p: SamplingParams) -> None:
     for i, t in enumerate(p.stop_token_ids):
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise bad(f"stop_token_ids[{i}]", t, "must be a non-negative integer")
+    _validate_penalties(p, bad)
+
+
+def _validate_penalties(p: SamplingParams, bad) -> None:
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(p, name)
+        if not _finite(value) or not -PENALTY_BOUND <= value <= PENALTY_BOUND:
+            raise bad(name, value, f"must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}]")
+    if not _finite(p.repetition_penalty) or not 0.0 < p.repetition_penalty <= PENALTY_BOUND:
+        raise bad("repetition_penalty", p.repetition_penalty, "must be in (0, 2] (1 = off)")
+    if isinstance(p.min_new_tokens, bool) or not isinstance(p.min_new_tokens, int) or p.min_new_tokens < 0:
+        raise bad("min_new_tokens", p.min_new_tokens, "must be an integer >= 0")
+    for token, bias in p.logit_bias:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise bad("logit_bias", token, "keys must be token ids (non-negative integers)")
+        if not _finite(bias):
+            raise bad(f"logit_bias.{token}", bias, "must be a finite number")
 
 
 def _finite(x: Any) -> bool:

@@ -87,8 +87,9 @@ def rollout_result(rollout: Rollout, sample: SampleResult, elapsed_s: float, wit
 
 def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, item: GenerateItem,
                       with_text: bool, token_text: Callable[[int], str] | None = None,
-                      index: int | None = None) -> dict[str, Any]:
-    """SGLang's ``/generate`` response (cumulative: everything generated so far). ``token_text``
+                      index: int | None = None, text: str | None = None) -> dict[str, Any]:
+    """SGLang's ``/generate`` response (cumulative: everything generated so far; ``text`` replaces
+    the sample's text, e.g. with its matched stop trimmed). ``token_text``
     (``return_text_in_logprobs``) fills the third entry of each logprob triple; ``index`` tags a
     sample of a batch or of ``n`` (item-major, as SGLang orders them)."""
     meta: dict[str, Any] = {
@@ -108,7 +109,7 @@ def generate_response(rollout: Rollout, sample: SampleResult, elapsed_s: float, 
     if index is not None:
         out["index"] = index
     if with_text:
-        out = {"text": sample.text, **out}
+        out = {"text": sample.text if text is None else text, **out}
     return out
 
 

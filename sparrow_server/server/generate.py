@@ -88,8 +88,11 @@ def _shaper(service: RolloutService, body: GenerateIn, prepared: Prepared, offse
 
     def shape(k: int, sample) -> dict[str, Any]:
         item, ro = prepared[bisect.bisect_right(offsets, k) - 1]
+        text = None
+        if with_text and sample.finish is not None:
+            text = service.final_text(sample, ro.skip_special_tokens, item.sampling_params.no_stop_trim)
         return formats.generate_response(ro, sample, time.monotonic() - ro.started, item, with_text, token_text,
-                                         k if tagged else None)
+                                         k if tagged else None, text)
 
     return shape
 

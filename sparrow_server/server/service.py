@@ -138,10 +138,11 @@ class RolloutService:
         """Validate everything (raising the 4xx errors) before any streaming starts."""
         schedule = self.resolve_schedule(schedule_name)
         check_n(n)
+        room = max(0, self.engine.info().context_length - len(input_ids))  # for a null max_new_tokens
         rid = rid or uuid.uuid4().hex
         verify_requested = bool(flags.pop("verify", False))
         requests = tuple(
-            GenerationRequest(rid=rid if n == 1 else f"{rid}-{i}", input_ids=input_ids, sampling=sampling.to_engine(i),
+            GenerationRequest(rid=rid if n == 1 else f"{rid}-{i}", input_ids=input_ids, sampling=sampling.to_engine(i, room),
                               schedule=schedule, adapter=adapter, top_logprobs=top_logprobs, **flags,
                               **service_hooks.request_flags(self.verifier, verify_requested))
             for i in range(n)
@@ -179,6 +180,22 @@ class RolloutService:
             for sample in samples:
                 status = FINISH_STATUS.get(sample.finish.type, "error") if sample.finish else "aborted"
                 self.metrics.observe_finish(rollout.endpoint, name, status, elapsed)
+
+    def final_text(self, sample: SampleResult, skip_special_tokens: bool, no_stop_trim: bool) -> str:
+        """SGLang's text of a sample: a matched stop string is cut off (kept, and what follows it cut,
+        with ``no_stop_trim``); a matched stop token (EOS or ``stop_token_ids``) is not decoded unless
+        ``no_stop_trim`` (SGLang 0.5.17 ``DetokenizerManager.trim_matched_stop``)."""
+        matched = sample.finish.matched if sample.finish is not None and sample.finish.type == "stop" else None
+        if matched is None or self.tokenizer is None:
+            return sample.text
+        if isinstance(matched, str):
+            pos = sample.text.find(matched)
+            if pos < 0:
+                return sample.text
+            return sample.text[:pos + len(matched)] if no_stop_trim else sample.text[:pos]
+        if no_stop_trim or not sample.token_ids:
+            return sample.text
+        return self.tokenizer.decode(sample.token_ids[:-1], skip_special_tokens=skip_special_tokens)
 
     async def collect(self, rollout: Rollout) -> list[SampleResult]:
         samples: dict[int, SampleResult] = {}

@@ -276,7 +276,7 @@ class ReferenceEngine(Engine):
         if seq.request.sampling.max_new_tokens == 0:  # scoring only (SGLang's prefill-only request)
             self._finish(seq, FinishReason("length", length=0), (), (), extra=scored)
             return
-        sampled = sample_token(logits[-1], seq.request.sampling, seq.generator, seq.request.top_logprobs)
+        sampled = self._sample(seq, logits[-1])
         self._emit(seq, sampled, None, None, scored)
 
     def _decode_step(self, seqs: list[_Sequence]) -> None:
@@ -294,9 +294,14 @@ class ReferenceEngine(Engine):
         for i, seq in enumerate(seqs):
             seq.table.length = lengths[i]
             budget = min(budget_tokens(seq.schedule, lengths[i], seq.prompt_len), lengths[i])
-            sampled = sample_token(logits[i], seq.request.sampling, seq.generator, seq.request.top_logprobs)
+            sampled = self._sample(seq, logits[i])
             pages = _selection(ctx.selections[i], len(self.cache.k)) if ctx.record[i] else None
             self._emit(seq, sampled, budget, pages)
+
+    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> SampledToken:
+        params = seq.request.sampling
+        return sample_token(logits, params, seq.generator, seq.request.top_logprobs, seq.output,
+                            (*params.stop_token_ids, *self.eos_token_ids))
 
     def _emit(self, seq: _Sequence, tok: SampledToken, budget: int | None, pages: PageSelection | None,
               prompt_fields: dict | None = None) -> None:
@@ -318,7 +323,7 @@ class ReferenceEngine(Engine):
         params = seq.request.sampling
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return FinishReason("stop", matched=token)
-        matched = self._matched_stop_string(seq)
+        matched = self._matched_stop_string(seq) if len(seq.output) >= params.min_new_tokens else None
         if matched is not None:
             return FinishReason("stop", matched=matched)
         if len(seq.output) >= params.max_new_tokens:

@@ -50,9 +50,39 @@ def truncated_probs(logits: Tensor, params: SamplingParams) -> Tensor:
     return kept / kept.sum()
 
 
-def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator, top_logprobs: int) -> SampledToken:
-    """Sample one token. logits: [V] (any float dtype)."""
+def adjusted_logits(logits: Tensor, params: SamplingParams, output_ids: Sequence[int],
+                    stop_ids: Sequence[int]) -> Tensor:
+    """SGLang's logit adjustments, in its order: the additive penalties (frequency: ``penalty x
+    count``, presence: ``penalty`` once a token occurs; counts over the generated tokens only),
+    ``min_new_tokens`` (EOS and stop ids at -inf while fewer tokens exist), then the repetition
+    penalty (a generated token's logit divided by it when positive, multiplied when negative), then
+    the logit bias. logits: [V] fp32 -> [V] fp32 (a new tensor)."""
+    out = logits.clone()
+    vocab = out.numel()
+    if output_ids and (params.frequency_penalty or params.presence_penalty or params.repetition_penalty != 1.0):
+        counts = torch.bincount(torch.tensor(list(output_ids), dtype=torch.long), minlength=vocab)[:vocab]
+        counts = counts.to(device=out.device, dtype=torch.float32)
+        seen = counts > 0
+        out -= params.frequency_penalty * counts + params.presence_penalty * seen.float()
+        if params.repetition_penalty != 1.0:
+            scaled = torch.where(out < 0, out * params.repetition_penalty, out / params.repetition_penalty)
+            out = torch.where(seen, scaled, out)
+    if len(output_ids) < params.min_new_tokens and stop_ids:
+        out[[t for t in stop_ids if t < vocab]] = float("-inf")
+    for token, bias in params.logit_bias:
+        if token < vocab:
+            out[token] += bias
+    return out
+
+
+def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator, top_logprobs: int,
+                 output_ids: Sequence[int] = (), stop_ids: Sequence[int] = ()) -> SampledToken:
+    """Sample one token after the request's logit adjustments (``adjusted_logits``; reported
+    logprobs are of the adjusted logits, as SGLang's). logits: [V] (any float dtype);
+    ``output_ids``: the tokens generated so far; ``stop_ids``: the ids ``min_new_tokens`` masks."""
     logits = logits.to(torch.float32)
+    if params.adjusts_logits:
+        logits = adjusted_logits(logits, params, output_ids, stop_ids)
     logp = torch.log_softmax(logits / params.logprob_temperature, dim=-1)
     if params.is_greedy:
         token = int(torch.argmax(logits))
