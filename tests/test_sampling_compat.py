@@ -133,8 +133,7 @@ def test_null_max_new_tokens_runs_to_the_end_of_the_context(client):
 
 
 @pytest.mark.parametrize("key,value", [("regex", "a+"), ("json_schema", "{}"), ("ebnf", "root ::= 'a'"),
-                                       ("structural_tag", "{}"), ("stop_regex", ["a+"]), ("stop_regex", "a"),
-                                       ("spaces_between_special_tokens", False)])
+                                       ("structural_tag", "{}"), ("stop_regex", ["a+"]), ("stop_regex", "a")])
 def test_unimplemented_keys_are_refused_by_name(client, key, value):
     r = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {key: value}})
     assert r.status_code == 422 and r.json()["error"]["field"] == f"sampling_params.{key}", r.text

@@ -15,10 +15,14 @@ BAD = {"Authorization": "Bearer app-key-0123456788"}
 ROLLOUT = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
 SCHEDULE = {"budgets_tokens": [64, 128]}
 ADMIN_CALLS = [("PUT", "/schedules/mine", SCHEDULE), ("POST", "/update_weights_from_disk", {"model_path": "/tmp"}),
-               ("POST", "/pause_generation", {"mode": "abort"}), ("POST", "/continue_generation", {})]
+               ("POST", "/pause_generation", {"mode": "abort"}), ("POST", "/continue_generation", {}),
+               ("GET", "/flush_cache", None), ("POST", "/release_memory_occupation", {}),
+               ("POST", "/resume_memory_occupation", {}), ("POST", "/weights_checker", {"action": "checksum"}),
+               ("POST", "/update_weights_from_tensor", {"serialized_named_tensors": []})]
 ROLLOUT_CALLS = [("POST", "/rollout", ROLLOUT), ("POST", "/generate", ROLLOUT), ("POST", "/abort_request", {"rid": "x"})]
 OPEN_CALLS = [("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/schedules", None),
-              ("GET", "/schedules/dense", None), ("GET", "/server_info", None), ("GET", "/get_weight_version", None)]
+              ("GET", "/schedules/dense", None), ("GET", "/server_info", None), ("GET", "/get_weight_version", None),
+              ("GET", "/v1/loads", None)]
 
 
 def client_for(tmp_path, config: SecurityConfig | None) -> TestClient:

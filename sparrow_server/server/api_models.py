@@ -50,6 +50,8 @@ class SamplingParamsIn(BaseModel):
     ignore_eos: bool = False
     n: int = 1
     skip_special_tokens: bool = True
+    # SGLang passes it to the HF tokenizer's decode; fast tokenizers (SGLang's and this server's) have no
+    # such option, so either value gives the same text there. slime always sends false.
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     custom_params: dict[str, Any] | None = None
@@ -78,9 +80,6 @@ class SamplingParamsIn(BaseModel):
             if value:
                 raise InvalidRequestError(f"sampling_params.{key}", value,
                                           "is not supported by this server (only null or empty)")
-        if not self.spaces_between_special_tokens:
-            raise InvalidRequestError("sampling_params.spaces_between_special_tokens", False,
-                                      "is not supported by this server (only true)")
 
     def to_engine(self, sample_index: int = 0, max_new_tokens: int | None = None) -> SamplingParams:
         """Engine params of sample ``sample_index`` (sample i of n uses seed + i). ``max_new_tokens``

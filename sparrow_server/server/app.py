@@ -1,4 +1,4 @@
-"""The FastAPI app: ``/rollout``, SGLang's ``/generate``, schedules, health, metrics.
+"""The FastAPI app: ``/rollout``, SGLang's ``/generate`` and control plane, schedules, health, metrics.
 
 ``create_app(engine, schedules=...)`` builds an app around any ``Engine``; the app starts the
 engine on startup and shuts it down on exit.
@@ -25,7 +25,8 @@ from sparrow_server.server.admission import (
     guarded_stream,
     install_admission,
 )
-from sparrow_server.server.api_models import AbortIn, RolloutIn
+from sparrow_server.server.api_models import RolloutIn
+from sparrow_server.server.control import install_control_routes
 from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
@@ -68,10 +69,10 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _hardening(app, service, security, limits or Limits())
     _rollout_routes(app, service)
     install_generate_routes(app, service)
-    _abort_route(app, service)
     _schedule_routes(app, service)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
+    install_control_routes(app, service, engine)
     install_adapter_routes(app, adapters)
     return app
 
@@ -117,12 +118,6 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
         return results[0] if n == 1 else {"rid": ro.rid, "n": n, "samples": results}
 
 
-def _abort_route(app: FastAPI, service: RolloutService) -> None:
-    @app.post("/abort_request", dependencies=[Depends(require_rollout_auth)])
-    async def abort_request(body: AbortIn):
-        return {"aborted": await service.engine.abort(body.rid)}
-
-
 def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
     @app.get("/schedules")
     async def list_schedules():
@@ -163,22 +158,12 @@ def _ops_routes(app: FastAPI, service: RolloutService) -> None:
         service.metrics.set_engine_state(engine.health(), engine.info().weight_version)
         return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
-    @app.get("/server_info")
-    async def server_info():
-        info = engine.info()
-        return {**info.__dict__, "eos_token_ids": list(info.eos_token_ids), "default_schedule": service.default_schedule,
-                "adapters": list(engine.adapters()), "has_tokenizer": service.tokenizer is not None}
-
     @app.get("/model_info")
     @app.get("/get_model_info")  # SGLang's deprecated alias; the router falls back to it
     async def model_info():
         info = engine.info()
         return {"model_path": info.model_name, "tokenizer_path": info.model_name if service.tokenizer else None,
                 "is_generation": True, "weight_version": info.weight_version}
-
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        return {"weight_version": engine.info().weight_version}
 
 
 __all__ = ["create_app", "error_response"]

@@ -54,8 +54,15 @@ def one_or_per_prompt(single: Any, many: Any, tag=_tag_of) -> Any:
     return Annotated[Union[Annotated[single, Tag(ONE)], Annotated[many, Tag(PER_PROMPT)]], Discriminator(tag)]
 
 
+# SGLang GenerateReqInput keys this engine does not implement: refused (422 naming the key) unless
+# null, false or empty, so a client never gets an answer that silently lacks what it asked for.
+UNSUPPORTED_GENERATE_KEYS = ("token_ids_logprob", "image_data", "video_data", "audio_data", "custom_logit_processor",
+                             "return_hidden_states", "return_routed_experts", "session_params", "input_embeds")
+
+
 class GenerateIn(BaseModel):
-    """Unknown top-level keys are ignored, as SGLang does."""
+    """Unknown top-level keys are ignored, as SGLang does; SGLang's own keys that this engine does
+    not implement are refused (``UNSUPPORTED_GENERATE_KEYS``)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -71,6 +78,16 @@ class GenerateIn(BaseModel):
     return_text_in_logprobs: bool = False
     # SGLang's cache salt; ``sparrow_schedule=NAME`` names the schedule
     extra_key: one_or_per_prompt(str, list[str | None]) | None = None
+    # SGLang keys refused unless empty (check_supported)
+    token_ids_logprob: Any = None
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    custom_logit_processor: Any = None
+    return_hidden_states: Any = None
+    return_routed_experts: Any = None
+    session_params: Any = None
+    input_embeds: Any = None
 
     @property
     def batch_size(self) -> int | None:
@@ -86,7 +103,14 @@ class GenerateIn(BaseModel):
         batched = {"text", "input_ids"} if self.batch_size is not None else set()
         return batched | {name for name in PER_PROMPT_FIELDS if isinstance(getattr(self, name), list)}
 
+    def check_supported(self) -> None:
+        for key in UNSUPPORTED_GENERATE_KEYS:
+            value = getattr(self, key)
+            if value:
+                raise InvalidRequestError(key, value, "is not supported by this server (only null or empty)")
+
     def items(self) -> list[GenerateItem]:
+        self.check_supported()
         size = self.batch_size
         if size == 0:
             raise InvalidRequestError("text" if isinstance(self.text, list) else "input_ids", [], "must not be empty")

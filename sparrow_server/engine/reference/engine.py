@@ -32,6 +32,7 @@ from sparrow_server.engine.base import (
 from sparrow_server.engine.reference.adapters import AdapterRegistry
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
+from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
@@ -100,6 +101,7 @@ class ReferenceEngine(Engine):
         self._stopping = False
         self.steps = 0
         self.weight_sync = ReferenceWeightSync(self)  # weight updates, pause/continue; gates the loop
+        self.memory = ReferenceMemory(self)  # flush, release/resume of the KV pool, weights checker
 
     # ----- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -235,7 +237,8 @@ class ReferenceEngine(Engine):
             self._finish(seq, FinishReason("abort", message="aborted"), (), ())
 
     def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_batch_size and self.weight_sync.admitting:
+        while self._waiting and len(self._running) < self.max_batch_size and self.weight_sync.admitting \
+                and not self.cache.released:
             seq = self._waiting[0]
             if self.cache.free_pages - self._outstanding_reservations() < seq.reserved_pages:
                 return  # wait for pages (FIFO: no overtaking, so large requests are not starved)

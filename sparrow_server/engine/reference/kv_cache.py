@@ -44,6 +44,28 @@ class PagedKVCache:
         self._zero_pages([NULL_PAGE])
         self._free = list(range(num_pages - 1, NULL_PAGE, -1))  # pop() hands out low ids first
         self._lock = threading.Lock()
+        self._shapes: tuple | None = None  # (k, landmarks) shapes while the pool is released
+
+    @property
+    def released(self) -> bool:
+        return self._shapes is not None
+
+    def release(self) -> None:
+        """Free the K/V and landmark tensors (every page must be free); ``restore`` rebuilds them."""
+        assert self.free_pages == self.usable_pages, "release with pages in use"
+        if self._shapes is None:
+            self._shapes = (self.k.shape, self.landmarks.shape)
+            self.k = self.v = self.k.new_empty(0)
+            self.landmarks = self.landmarks.new_empty(0)
+
+    def restore(self) -> None:
+        """Reallocate a released pool, zeroed (as after a flush)."""
+        if self._shapes is not None:
+            kv, landmarks = self._shapes
+            self.k = self.k.new_zeros(kv)
+            self.v = self.v.new_zeros(kv)
+            self.landmarks = self.landmarks.new_zeros(landmarks)
+            self._shapes = None
 
     @property
     def free_pages(self) -> int:

@@ -142,7 +142,7 @@ class ReferenceWeightSync:
     def has_work(self) -> bool:
         """Whether the loop has a step to run (called under the engine's condition)."""
         e = self.engine
-        return bool((e._waiting and self.admitting) or (e._running and self.stepping))
+        return bool((e._waiting and self.admitting and not e.cache.released) or (e._running and self.stepping))
 
     def resume_retracted(self, seq: Any) -> None:
         """Recompute the KV of a retracted request (prompt + all its tokens but the last, which the

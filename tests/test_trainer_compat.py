@@ -1,0 +1,277 @@
+"""The trainers' own requests, replayed against a live reference server (uvicorn in this process),
+and their answers parsed the way each client parses them.
+
+Payloads and parsing were written from reading the clients' sources:
+- slime THUDM/slime@624b824 (2026-08-21): ``slime/backends/sglang_utils/server_control.py``
+  (``abort_server_until_idle``: ``POST /abort_request {"abort_all": true}`` then ``GET
+  /v1/loads?include=core`` until ``num_requests_from_load`` is 0), ``sglang_engine.py``
+  (``flush_cache``: ``GET /flush_cache`` until 200; ``get_weight_version``; ``release/resume_memory_occupation``;
+  ``check_weights``; ``_make_request`` = ``requests.post(url, json=payload or {})`` then ``.json()``),
+  ``external.py`` (``get_server_info``, ``parallel_config``), ``slime/rollout/sglang_rollout.py``
+  (the ``/generate`` payload and ``output["meta_info"]["output_token_logprobs"]``, ``output["text"]``).
+- verl volcengine/verl@b178a3c: ``verl/workers/rollout/sglang_rollout/http_server_engine.py``
+  (``_read_response``; ``generate`` payload with None values dropped; ``abort_request {"rid": "",
+  "abort_all": ...}``; ``release/resume_memory_occupation {"tags": ...}``; start-up ``/health_generate``
+  then ``/flush_cache``).
+- SGLang 0.5.17 frontend: ``sglang/lang/backend/runtime_endpoint.py`` (``generate``) and ``lang/ir.py``
+  (``SglSamplingParams.to_srt_kwargs``): ``stop_regex: []``, ``stop: []``, ``json_schema``/``regex`` null.
+"""
+from __future__ import annotations
+
+import threading
+
+import httpx
+import pytest
+
+from helpers.live_server import live_server, wait_until
+from helpers.server_util import CharTokenizer
+from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from sparrow_server.engine.reference import ReferenceEngine
+from sparrow_server.server.app import create_app
+
+PROMPT = [(5 * i + 2) % (TINY_VOCAB - 1) + 1 for i in range(40)]
+LONG = 600  # tokens: still generating when the control call arrives
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trainer-compat")
+    return {"a": save_tiny_model(root / "a", seed=0), "b": save_tiny_model(root / "b", seed=1)}
+
+
+@pytest.fixture(scope="module")
+def server(ckpt, one_torch_thread):
+    tokenizer = CharTokenizer()
+    engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
+    with live_server(create_app(engine, tokenizer=tokenizer)) as live:
+        live.engine = engine
+        yield live
+
+
+# ----- the clients' helpers, as they are written ----------------------------------------------------
+def slime_num_requests_from_load(load) -> int:
+    """slime server_control.num_requests_from_load."""
+    if isinstance(load, list):
+        return sum(slime_num_requests_from_load(item) for item in load)
+    if not isinstance(load, dict):
+        return 0
+    if "loads" in load:
+        return slime_num_requests_from_load(load["loads"])
+    for key in ("num_reqs", "num_total_reqs", "total_reqs"):
+        if isinstance(load.get(key), int):
+            return load[key]
+    running = load.get("num_running_reqs", load.get("total_running_reqs"))
+    waiting = load.get("num_waiting_reqs", load.get("total_waiting_reqs"))
+    return (running if isinstance(running, int) else 0) + (waiting if isinstance(waiting, int) else 0)
+
+
+def slime_make_request(url: str, endpoint: str, payload: dict | None = None):
+    """slime SGLangEngine._make_request."""
+    response = httpx.post(f"{url}/{endpoint}", json=payload or {}, timeout=60)
+    response.raise_for_status()
+    return response.json()
+
+
+def slime_flush_cache(url: str) -> None:
+    """slime SGLangEngine.flush_cache: GET until 200 (60 tries)."""
+    for _ in range(60):
+        if httpx.get(f"{url}/flush_cache", timeout=30).status_code == 200:
+            return
+        wait_until(lambda: True, 0.1)
+    raise TimeoutError("Timeout while flushing cache.")
+
+
+def slime_sampling_params(**over) -> dict:
+    """slime's rollout sampling params (GenerateState.__init__), greedy for comparisons."""
+    return {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 8, "stop": None, "stop_token_ids": None,
+            "skip_special_tokens": True, "no_stop_trim": True, "spaces_between_special_tokens": False, **over}
+
+
+def slime_generate(url: str, sampling_params: dict) -> tuple[list[int], list[float], str, dict]:
+    output = slime_make_request(url, "generate", {"sampling_params": sampling_params, "return_logprob": True,
+                                                  "input_ids": PROMPT})
+    tokens = [item[1] for item in output["meta_info"]["output_token_logprobs"]]
+    logprobs = [item[0] for item in output["meta_info"]["output_token_logprobs"]]
+    return tokens, logprobs, output["text"], output["meta_info"]
+
+
+def verl_read_response(response: httpx.Response):
+    """verl http_server_engine._read_response."""
+    if response.status_code == 204 or not response.content:
+        return {}
+    try:
+        return response.json()
+    except ValueError:
+        return {"content_type": response.headers.get("Content-Type", ""), "text": response.text}
+
+
+def verl_request(url: str, endpoint: str, payload: dict | None = None, method: str = "POST"):
+    response = (httpx.get(f"{url}/{endpoint}", timeout=60) if method == "GET"
+                else httpx.post(f"{url}/{endpoint}", json=payload or {}, timeout=60))
+    response.raise_for_status()
+    return verl_read_response(response)
+
+
+class LongRollout:
+    """A long greedy /generate on a thread (slime's payload); ``result`` is its parsed output."""
+
+    def __init__(self, url: str):
+        self.result: dict = {}
+        self.thread = threading.Thread(target=self._run, args=(url,), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str) -> None:
+        params = slime_sampling_params(max_new_tokens=LONG, ignore_eos=True)
+        self.result = slime_make_request(url, "generate", {"sampling_params": params, "return_logprob": True,
+                                                           "input_ids": PROMPT})
+
+    def join(self) -> dict:
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        return self.result
+
+
+def num_requests(url: str) -> int:
+    return slime_num_requests_from_load(httpx.get(f"{url}/v1/loads?include=core", timeout=10).json())
+
+
+# ----- slime --------------------------------------------------------------------------------------------
+def test_slime_abort_until_idle(server):
+    rollout = LongRollout(server.url)
+    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
+    assert httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
+    wait_until(lambda: num_requests(server.url) == 0, 10, "the server to be idle")
+    out = rollout.join()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < LONG
+
+
+def test_slime_flush_cache_refused_while_running_then_clears_kv_and_landmarks(server):
+    slime_generate(server.url, slime_sampling_params(max_new_tokens=20))  # leaves K/V and landmarks in freed pages
+    cache = server.engine.cache
+    assert cache.k.abs().sum() > 0 and cache.landmarks.abs().sum() > 0
+    rollout = LongRollout(server.url)
+    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
+    r = httpx.get(f"{server.url}/flush_cache", timeout=10)
+    assert r.status_code == 400 and "fail" in r.text.lower()  # SGLang's refusal while requests run
+    httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10)
+    rollout.join()
+    slime_flush_cache(server.url)
+    assert cache.k.abs().sum() == 0 and cache.v.abs().sum() == 0 and cache.landmarks.abs().sum() == 0
+    assert httpx.post(f"{server.url}/flush_cache", timeout=10).status_code == 200  # POST as well
+
+
+def test_slime_weight_sync_from_disk(server, ckpt):
+    before, _, _, _ = slime_generate(server.url, slime_sampling_params())
+    checksum = slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"]
+    httpx.post(f"{server.url}/pause_generation", json={}, timeout=30).raise_for_status()
+    slime_flush_cache(server.url)
+    out = slime_make_request(server.url, "update_weights_from_disk", {"model_path": str(ckpt["b"]), "weight_version": "7"})
+    assert out["success"] is True
+    httpx.post(f"{server.url}/continue_generation", json={}, timeout=30).raise_for_status()
+    # slime SGLangEngine.get_weight_version
+    assert httpx.get(f"{server.url}/get_weight_version", timeout=10).json()["weight_version"] == "7"
+    after, _, _, meta = slime_generate(server.url, slime_sampling_params())
+    assert meta["weight_version"] == "7" and after != before
+    assert slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"] != checksum
+    slime_make_request(server.url, "update_weights_from_disk", {"model_path": str(ckpt["a"]), "weight_version": "8"})
+    assert slime_generate(server.url, slime_sampling_params())[0] == before  # the old weights again
+    assert slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"] == checksum
+
+
+def test_slime_release_and_resume_memory(server):
+    want, _, _, _ = slime_generate(server.url, slime_sampling_params())
+    slime_flush_cache(server.url)
+    slime_make_request(server.url, "release_memory_occupation")  # slime sends {} = every tag
+    assert server.engine.cache.released and server.engine.cache.k.numel() == 0
+    queued = {}
+    thread = threading.Thread(target=lambda: queued.update(out=slime_generate(server.url, slime_sampling_params())),
+                              daemon=True)
+    thread.start()
+    wait_until(lambda: num_requests(server.url) == 1, 10, "the request to queue")
+    assert slime_num_requests_from_load(httpx.get(f"{server.url}/v1/loads?include=core").json()["loads"][0]) == 1
+    for tags in (["weights"], ["kv_cache"]):  # slime resumes in two stages
+        slime_make_request(server.url, "resume_memory_occupation", {"tags": tags})
+    thread.join(30)
+    assert not server.engine.cache.released and queued["out"][0] == want  # equals a run before the release
+
+
+def test_slime_external_engine_discovery(server):
+    """slime external.get_server_info + discover_external_engines + the sanity check of
+    SGLangEngine._init_external (enable_memory_saver must equal args.offload_rollout=False)."""
+    info = httpx.get(f"{server.url}/server_info", timeout=10).json()
+    assert info == httpx.get(f"{server.url}/get_server_info", timeout=10).json()
+    pp = int(info.get("pp_size") or info.get("pipeline_parallel_size") or 1)
+    tp = int(info.get("tp_size") or info.get("tensor_parallel_size") or 1)
+    assert (tp, pp, int(info.get("num_gpus") or tp * pp)) == (1, 1, 1)
+    assert info.get("enable_memory_saver") is False and info["model_path"] == "tiny"
+    assert info["page_size"] == 16 and info["context_length"] == 1024 and info["dp_size"] == 1
+    assert httpx.get(f"{server.url}/health_generate", timeout=30).status_code == 200
+
+
+def test_slime_eval_sampling_params(server):
+    """slime's eval params: min_new_tokens and repetition_penalty, stop strings kept (no_stop_trim)."""
+    tokens, logprobs, text, meta = slime_generate(server.url, slime_sampling_params(
+        max_new_tokens=10, min_new_tokens=10, repetition_penalty=1.2, temperature=0.6, sampling_seed=1))
+    assert len(tokens) == 10 == len(logprobs) and isinstance(text, str) and meta["finish_reason"]["type"] == "length"
+
+
+def test_slime_distributed_update_routes_refused_with_reason(server):
+    for endpoint, payload in (
+        ("init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
+                                       "world_size": 2, "group_name": "g", "backend": "nccl"}),
+        ("update_weights_from_distributed", {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[1]],
+                                             "group_name": "g", "flush_cache": False}),
+        ("destroy_weights_update_group", {"group_name": "g"}),
+        ("update_weights_from_tensor", {"serialized_named_tensors": ["AAAA"], "load_format": None, "flush_cache": False}),
+    ):
+        r = httpx.post(f"{server.url}/{endpoint}", json=payload, timeout=10)
+        assert r.status_code == 400, endpoint
+        body = r.json()
+        assert body["success"] is False and "update_weights_from_disk" in body["message"], endpoint
+
+
+# ----- verl ---------------------------------------------------------------------------------------------
+def test_verl_http_adapter_sequence(server):
+    url = server.url
+    assert httpx.get(f"{url}/health_generate", timeout=30).status_code == 200  # launch_server_process
+    flushed = verl_read_response(httpx.get(f"{url}/flush_cache", timeout=10))
+    assert flushed["text"].startswith("Cache flushed") and flushed["content_type"].startswith("text/plain")
+    payload = {"text": None, "sampling_params": {"max_new_tokens": 5, "temperature": 0}, "input_ids": PROMPT,
+               "image_data": None, "return_logprob": True, "logprob_start_len": None, "top_logprobs_num": None,
+               "token_ids_logprob": None, "lora_path": None, "custom_logit_processor": None}
+    out = verl_request(url, "generate", {k: v for k, v in payload.items() if v is not None})
+    assert len(out["output_ids"]) == 5 and [t for _, t, _ in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
+    rollout = LongRollout(url)
+    wait_until(lambda: num_requests(url) == 1, 20, "the rollout to run")
+    verl_request(url, "abort_request", {"rid": "", "abort_all": True})
+    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
+    verl_request(url, "release_memory_occupation", {"tags": ["kv_cache"]})
+    verl_request(url, "resume_memory_occupation", {"tags": None})
+    assert verl_request(url, "generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5,
+                                                                                   "temperature": 0}})["output_ids"] \
+        == out["output_ids"]
+
+
+def test_abort_by_rid_and_sglang_default_rid(server):
+    rollout = LongRollout(server.url)
+    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
+    assert httpx.post(f"{server.url}/abort_request", json={}, timeout=10).json()["num_aborted"] == 0  # rid "" = none
+    rid = server.engine.live_requests()[0]
+    assert httpx.post(f"{server.url}/abort_request", json={"rid": rid}, timeout=10).json()["num_aborted"] == 1
+    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+# ----- SGLang's frontend ----------------------------------------------------------------------------------
+def test_sglang_frontend_gen_payload(server):
+    """RuntimeEndpoint.generate: global skip/spaces flags, then SglSamplingParams.to_srt_kwargs()."""
+    data = {"text": "sparrow", "sampling_params": {
+        "skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 6, "min_new_tokens": 0,
+        "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [], "temperature": 0.0, "top_p": 1.0, "top_k": -1,
+        "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "ignore_eos": False, "regex": None,
+        "json_schema": None}, "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    res = httpx.post(f"{server.url}/generate", json=data, timeout=60)
+    res.raise_for_status()
+    obj = res.json()
+    comp, meta_info = obj["text"], obj["meta_info"]
+    assert isinstance(comp, str) and meta_info["completion_tokens"] == 6
+    assert all(isinstance(t, str) for _, _, t in meta_info["output_token_logprobs"])
