@@ -21,3 +21,7 @@ from sparrow_server.client.weights import (  # noqa: E402
 )
 
 __all__ += ["update_weights", "pause", "resume", "async_update_weights", "async_pause", "async_resume", "FleetError"]
+# The fleet's default schedule (for trainers that cannot name one per request).
+from sparrow_server.client.default_schedule import async_set_default_schedule, set_default_schedule  # noqa: E402
+
+__all__ += ["set_default_schedule", "async_set_default_schedule"]

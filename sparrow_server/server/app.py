@@ -27,6 +27,7 @@ from sparrow_server.server.admission import (
 )
 from sparrow_server.server.api_models import RolloutIn
 from sparrow_server.server.control import install_control_routes
+from sparrow_server.server.default_schedule import install_default_schedule_routes, saved_default
 from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
@@ -47,6 +48,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
                verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
+    startup_default, default_schedule = default_schedule, saved_default(schedules) or default_schedule
     adapters = adapters or default_adapter_manager(engine)
     service = RolloutService(GatedEngine(engine, adapters), schedules, metrics or ServiceMetrics(), default_schedule,
                              tokenizer)
@@ -70,6 +72,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _rollout_routes(app, service)
     install_generate_routes(app, service)
     _schedule_routes(app, service)
+    install_default_schedule_routes(app, service, startup_default)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
     install_control_routes(app, service, engine)
