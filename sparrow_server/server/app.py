@@ -1,4 +1,5 @@
-"""The FastAPI app: ``/rollout``, SGLang's ``/generate`` and control plane, schedules, health, metrics.
+"""The FastAPI app: ``/rollout``, SGLang's ``/generate`` and control plane, OpenAI's routes,
+schedules, health, metrics.
 
 ``create_app(engine, schedules=...)`` builds an app around any ``Engine``; the app starts the
 engine on startup and shuts it down on exit.
@@ -30,6 +31,7 @@ from sparrow_server.server.control import install_control_routes
 from sparrow_server.server.default_schedule import install_default_schedule_routes, saved_default
 from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
+from sparrow_server.server.openai_routes import install_openai_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
 from sparrow_server.server.limits import Limits, install_limits
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
@@ -71,6 +73,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _hardening(app, service, security, limits or Limits())
     _rollout_routes(app, service)
     install_generate_routes(app, service)
+    install_openai_routes(app, service)
     _schedule_routes(app, service)
     install_default_schedule_routes(app, service, startup_default)
     _ops_routes(app, service)
