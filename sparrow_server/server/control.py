@@ -156,6 +156,12 @@ def core_load(engine: Engine) -> dict[str, Any]:
             "token_usage": used / total if total else 0.0, "cache_hit_rate": 0.0}
 
 
+def get_and_post(app: FastAPI, path: str, endpoint, dependencies: list) -> None:
+    """SGLang serves these on GET and POST; one schema entry (POST) is enough."""
+    app.add_api_route(path, endpoint, methods=["POST"], dependencies=dependencies, operation_id=path.strip("/"))
+    app.add_api_route(path, endpoint, methods=["GET"], dependencies=dependencies, include_in_schema=False)
+
+
 def _memory_routes(app: FastAPI, engine: Engine) -> None:
     memory = memory_control_of(engine)
     admin = [Depends(require_admin)]
@@ -177,7 +183,7 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
             await asyncio.sleep(FLUSH_POLL_S)
         return PlainTextResponse(FLUSHED)
 
-    app.add_api_route("/flush_cache", flush_cache, methods=["GET", "POST"], dependencies=admin)
+    get_and_post(app, "/flush_cache", flush_cache, admin)
 
     def memory_route(path: str, release: bool):
         async def route(body: Optional[MemoryTagsIn] = Body(None)):
@@ -192,7 +198,7 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
                     "tags": list(report.changed) + list(report.kept), "changed": list(report.changed),
                     "kept": list(report.kept)}
 
-        app.add_api_route(path, route, methods=["GET", "POST"], dependencies=admin)
+        get_and_post(app, path, route, admin)
 
     memory_route("/release_memory_occupation", True)
     memory_route("/resume_memory_occupation", False)
@@ -213,7 +219,7 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
             out["per_engine_checksum"] = _engine_checksum(payload["per_gpu_checksum"])
         return out
 
-    app.add_api_route("/weights_checker", weights_checker, methods=["GET", "POST"], dependencies=admin)
+    get_and_post(app, "/weights_checker", weights_checker, admin)
 
 
 def _engine_checksum(per_gpu: str) -> str:
