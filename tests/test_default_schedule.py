@@ -65,3 +65,17 @@ def test_fan_out_switches_the_fleet_and_survives_a_restart(model_dir, tmp_path, 
         assert slime_rollout(restarted.url)["meta_info"]["sparrow"]["schedule"] == "dense"
     with live_server(make_app(model_dir, states[0])) as again:  # the reset is persisted too
         assert httpx.get(f"{again.url}/default_schedule").json()["name"] == "dense"
+
+
+def test_an_engine_that_fixes_its_default_at_start_refuses_the_change(tmp_path):
+    """The SGLang engine's schedulers read the default once: a change would only reach /rollout."""
+    from helpers.fake_engine import FakeEngine
+    from fastapi.testclient import TestClient
+
+    engine = FakeEngine()
+    engine.default_schedule_fixed_at_start = True
+    with TestClient(create_app(engine, ScheduleRegistry.load(persist_dir=tmp_path / "schedules"))) as client:
+        r = client.post("/default_schedule", json={"name": "dense"})
+        assert r.status_code == 409 and "fix the default schedule" in r.json()["error"]["message"]
+        assert client.delete("/default_schedule").status_code == 409
+        assert client.get("/default_schedule").json()["name"] == "dense"

@@ -19,7 +19,7 @@ from sparrow_server.engine.adapter_registry import AdapterManager
 from sparrow_server.engine.base import ContextLengthError, GenerationRequest, SamplingParams, UnknownAdapterError
 from sparrow_server.server.app import create_app
 from sparrow_server.sglang_plugin.engine import SGLangEngine, StreamState, sampling_dict
-from sparrow_server.sglang_plugin.host import mount_sparrow, sglang_argv
+from sparrow_server.sglang_plugin.host import mount_sparrow, serve_weight_version, sglang_argv
 from sparrow_server.sglang_plugin.planning import plan_step
 from sparrow_server.sglang_plugin.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
@@ -269,6 +269,27 @@ def test_sglang_routes_win_and_sparrow_routes_fall_through():
         assert client.get("/schedules").status_code == 200
         assert "sparrow_requests_total" in client.get("/metrics").text
     assert events == ["sglang up", "sglang down"]
+
+
+def test_sglang_404_weight_version_routes_are_replaced_in_place():
+    """SGLang 0.5.17 answers /get_weight_version and /weight_version with 404 (http_server.py);
+    slime main reads the first. Replaced where they stand, so the mounted sparrow app stays behind."""
+    from fastapi import HTTPException
+
+    outer = _sglang_stand_in([])
+
+    @outer.get("/get_weight_version")
+    @outer.get("/weight_version")
+    async def weight_version():
+        raise HTTPException(status_code=404, detail="moved to /model_info")
+
+    versions = iter(["step-1", "step-2"])
+    assert serve_weight_version(outer, lambda: next(versions)) == 2
+    mount_sparrow(outer, create_app(SGLangEngine(FakeRuntime()), ScheduleRegistry()))
+    with TestClient(outer) as client:
+        assert client.get("/get_weight_version").json() == {"weight_version": "step-1"}
+        assert client.get("/weight_version").json() == {"weight_version": "step-2"}
+        assert client.post("/default_schedule", json={"name": "dense"}).status_code == 409  # fixed at start
 
 
 def test_verified_rollout_on_sglang_reports_topk_acceptance_without_the_adapter():

@@ -5,6 +5,7 @@ nothing. No SGLang needed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from types import SimpleNamespace
 
 import torch
@@ -57,7 +58,51 @@ def test_install_registers_the_flush_and_preflight_hooks():
         ("sglang.srt.managers.scheduler.Scheduler.flush_cache", weight_sync.after_flush_cache, "after"),
         ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
          weight_sync.around_update_weights_from_disk, "around"),
+        ("sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+         ".resume_memory_occupation", weight_sync.after_resume_memory_occupation, "after"),
     ]
+
+
+def test_flush_while_kv_memory_is_released_leaves_the_unmapped_landmarks_alone():
+    """SGLang 0.5.17 ``release_memory_occupation``: offload_tags gets kv_cache, the region is paused,
+    then flush_cache runs; touching the landmarks then would fault on the GPU."""
+    scheduler, backends = stand_in_scheduler()
+    scheduler.weight_updater = SimpleNamespace(offload_tags={"kv_cache"})
+    before = [t.clone() for b in backends for t in b.landmarks.values()]
+    weight_sync.after_flush_cache(True, scheduler)
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for b in backends for t in b.landmarks.values()]))
+
+
+def test_resume_of_kv_memory_zeroes_the_landmarks():
+    scheduler, backends = stand_in_scheduler()
+    updater = SimpleNamespace(tp_worker=scheduler.tp_worker, draft_worker=scheduler.draft_worker)
+    weight_sync.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=["weights"]))
+    assert all(float(t.abs().sum()) > 0 for b in backends for t in b.landmarks.values())  # weights only: untouched
+    for tags in (["kv_cache"], None, []):
+        for b in backends:
+            for t in b.landmarks.values():
+                t.normal_()
+        weight_sync.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=tags))
+        assert all(float(t.abs().sum()) == 0 for b in backends for t in b.landmarks.values()), tags
+
+
+def test_landmarks_are_allocated_in_the_kv_cache_region_only_with_the_memory_saver():
+    entered = []
+
+    class Saver:
+        enabled = True
+
+        def region(self, tag):
+            entered.append(tag)
+            return contextlib.nullcontext()
+
+    with weight_sync.kv_cache_region(SimpleNamespace(memory_saver_adapter=Saver())):
+        pass
+    with weight_sync.kv_cache_region(SimpleNamespace(memory_saver_adapter=SimpleNamespace(enabled=False))):
+        pass
+    with weight_sync.kv_cache_region(SimpleNamespace()):
+        pass
+    assert entered == ["kv_cache"]
 
 
 def test_preflight_hook_refuses_another_architecture_before_sglang_loads(tmp_path):

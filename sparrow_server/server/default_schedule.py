@@ -7,7 +7,8 @@ response's ``meta_info.sparrow.schedule`` names the schedule it ran with.
 
 The choice is saved in the state directory (``default_schedule.json`` beside ``schedules/``) and
 wins over ``--default-schedule`` on restart; ``DELETE /default_schedule`` forgets it and returns to
-the start-up default.
+the start-up default. On ``--engine sglang`` a change is a 409: the plug-in's scheduler processes
+read the default once, at start.
 """
 from __future__ import annotations
 
@@ -17,14 +18,20 @@ import os
 from pathlib import Path
 
 from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from sparrow_server.server.errors import error_response
 from sparrow_server.server.security import require_admin
 from sparrow_server.server.service import RolloutService
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 log = logging.getLogger(__name__)
 DEFAULT_SCHEDULE_FILE = "default_schedule.json"
+# An engine whose generation processes read the default once (the SGLang plug-in's schedulers):
+# changing it here would only change /rollout, not SGLang's own /generate, so it is refused.
+FIXED_AT_START = ("this engine's scheduler processes fix the default schedule when they start "
+                  "(--default-schedule); name the schedule per request (custom_params or extra_key) or restart")
 
 
 class DefaultScheduleIn(BaseModel):
@@ -65,8 +72,15 @@ def install_default_schedule_routes(app: FastAPI, service: RolloutService, start
     async def get_default_schedule():
         return state()
 
+    def fixed_at_start() -> JSONResponse | None:
+        if getattr(service.engine, "default_schedule_fixed_at_start", False):
+            return error_response(409, "conflict", FIXED_AT_START)
+        return None
+
     @app.post("/default_schedule", dependencies=[Depends(require_admin)])
     async def set_default_schedule(body: DefaultScheduleIn):
+        if (refused := fixed_at_start()) is not None:
+            return refused
         service.schedules.get(body.name)  # 404 for an unknown name
         previous = service.default_schedule
         service.default_schedule = body.name
@@ -77,6 +91,8 @@ def install_default_schedule_routes(app: FastAPI, service: RolloutService, start
 
     @app.delete("/default_schedule", dependencies=[Depends(require_admin)])
     async def reset_default_schedule():
+        if (refused := fixed_at_start()) is not None:
+            return refused
         path = saved_default_path(service.schedules)
         if path is not None:
             path.unlink(missing_ok=True)

@@ -27,6 +27,7 @@ from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin import state
 from sparrow_server.sglang_plugin.hooks import ROWS_ATTR
 from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
+from sparrow_server.sglang_plugin.weight_sync import kv_cache_region
 
 logger = logging.getLogger(__name__)
 
@@ -66,11 +67,12 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         dense = set(self.table.default.dense_layers)
         lm_dtype = getattr(torch, cfg.landmark_dtype)
         n_slots = pool.get_key_buffer(first).shape[0]
-        self.landmarks = {
-            layer: torch.zeros(n_slots // self.page_size, self.num_kv_heads, self.head_dim,
-                               dtype=lm_dtype, device=model_runner.device)
-            for layer in range(first, first + n_layers) if layer not in dense
-        }
+        with kv_cache_region(model_runner):  # released and resumed with the KV pool (memory saver)
+            self.landmarks = {
+                layer: torch.zeros(n_slots // self.page_size, self.num_kv_heads, self.head_dim,
+                                   dtype=lm_dtype, device=model_runner.device)
+                for layer in range(first, first + n_layers) if layer not in dense
+            }
         self.eager_wrapper = BatchDecodeWithPagedKVCacheWrapper(self.workspace_buffer, "NHD", backend="fa2")
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self.step: _Step | None = None

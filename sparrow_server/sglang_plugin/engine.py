@@ -152,6 +152,8 @@ class StreamState:
 class SGLangEngine(Engine):
     """The service's engine over an SGLang runtime (see the module docstring)."""
 
+    default_schedule_fixed_at_start = True  # the schedulers read it from their environment, once
+
     def __init__(self, runtime: SGLangRuntime, adapters: tuple[tuple[str, str], ...] = (),
                  config: PluginConfig | None = None):
         self._runtime = runtime

@@ -2,8 +2,10 @@
 selected and the sparrow app mounted on the same FastAPI app.
 
 SGLang's routes are registered first and win (``/generate``, ``/health``, ``/load_lora_adapter``,
-``/update_weights_*``, ``/pause_generation``, ...); every other path falls through to the sparrow
-app (``/rollout``, ``/schedules``, ``/adapters``, ``/metrics``). The sparrow app's lifespan runs
+``/update_weights_*``, ``/pause_generation``, ``/flush_cache``, ``/abort_request``, ``/v1/loads``,
+``/release_memory_occupation``, ...); every other path falls through to the sparrow app
+(``/rollout``, ``/schedules``, ``/adapters``, ``/metrics``). SGLang's ``/get_weight_version`` and
+``/weight_version`` answer 404 in 0.5.17 and are replaced by ones that answer the version. The sparrow app's lifespan runs
 inside SGLang's, once the tokenizer manager exists. ``/metrics`` serves the sparrow metrics plus
 SGLang's own when ``--enable-metrics`` is on (SGLang's multiprocess collector).
 """
@@ -43,6 +45,28 @@ def plugin_environment(default_schedule: str, schedule_dir: str | None) -> dict[
     if schedule_dir:
         env[ENV_SCHEDULE_DIR] = schedule_dir
     return env
+
+
+# SGLang 0.5.17 registers these and answers 404 ("moved to /model_info"); slime main still reads
+# ``/get_weight_version``, so they are replaced, in place, by routes that answer the version.
+SGLANG_WEIGHT_VERSION_PATHS = ("/get_weight_version", "/weight_version")
+
+
+def serve_weight_version(sglang_app: Any, read_version: Callable[[], Any]) -> int:
+    """Replace SGLang's 404 weight-version routes with ``{"weight_version": read_version()}``
+    (same position, so they still win over the mounted sparrow app). Returns how many were replaced."""
+    from fastapi.routing import APIRoute
+
+    async def weight_version() -> dict[str, Any]:
+        return {"weight_version": read_version()}
+
+    routes = sglang_app.router.routes
+    replaced = 0
+    for i, route in enumerate(routes):
+        if getattr(route, "path", None) in SGLANG_WEIGHT_VERSION_PATHS:
+            routes[i] = APIRoute(route.path, weight_version, methods=["GET"])
+            replaced += 1
+    return replaced
 
 
 def mount_sparrow(sglang_app: Any, sparrow_app: Any) -> None:
@@ -94,6 +118,8 @@ def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], 
     engine = SGLangEngine(runtime, adapters=tuple(_startup_adapters(server_args)))
     sparrow_app = build_sparrow_app(engine)
     sparrow_app.state.service.metrics.extra_sources.append(sglang_metrics_text)
+    serve_weight_version(http_server.app,
+                         lambda: http_server.get_global_state().tokenizer_manager.config_value("weight_version"))
     mount_sparrow(http_server.app, sparrow_app)
     try:
         http_server.launch_server(server_args)
@@ -113,5 +139,5 @@ def _startup_adapters(server_args: Any) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["sglang_argv", "plugin_environment", "mount_sparrow", "sglang_metrics_text", "run_sglang_server",
+__all__ = ["sglang_argv", "plugin_environment", "mount_sparrow", "serve_weight_version", "sglang_metrics_text", "run_sglang_server",
            "OWNED_SGLANG_FLAGS"]

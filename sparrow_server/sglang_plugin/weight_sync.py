@@ -14,6 +14,13 @@ checkpoint preflight (config.json + safetensors headers) against the serving che
 SGLang 0.5.17 loads into the live parameters and cannot roll back from a checkpoint of another
 shape, so such a request is answered ``success: false`` (HTTP 400) before SGLang touches a weight.
 
+With SGLang's memory saver (``--enable-memory-saver``) the backend allocates the landmarks inside
+the saver's ``kv_cache`` region (``backend.py``), so ``/release_memory_occupation`` (tag
+``kv_cache``) frees them with the KV pool and ``/resume_memory_occupation`` maps them back at the
+same addresses (CUDA graphs stay valid) but with undefined contents. SGLang flushes *after* pausing
+the region on release: the flush hook then leaves the unmapped landmarks alone, and an AFTER hook on
+``SchedulerWeightUpdaterManager.resume_memory_occupation`` zeroes them once they are mapped again.
+
 The flush hook has to be registered before ``Scheduler.__init__`` (SGLang binds ``self.flush_cache``
 into ``SchedulerWeightUpdaterManager`` and ``SchedulerFlushWrapper`` there); hooks registered by
 the plug-in's ``register()`` are applied by ``load_plugins()`` at the start of
@@ -21,6 +28,7 @@ the plug-in's ``register()`` are applied by ``load_plugins()`` at the start of
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +39,9 @@ from sparrow_server.engine.weights import WeightLoadError
 logger = logging.getLogger(__name__)
 
 FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
+RESUME_TARGET = ("sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+                 ".resume_memory_occupation")
+KV_CACHE_TAG = "kv_cache"  # SGLang's GPU_MEMORY_TYPE_KV_CACHE
 PREFLIGHT_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk"
 # Attributes of a model runner, and of wrapper backends (hybrid, TBO), that hold attention backends.
 RUNNER_BACKEND_ATTRS = ("attn_backend", "decode_attn_backend", "decode_attn_backend_group")
@@ -74,11 +85,39 @@ def after_flush_cache(result: Any, scheduler: Any, *args: Any, **kwargs: Any) ->
     (``result`` True; a flush refused because requests are running leaves everything as is)."""
     if not result:
         return None
-    runners = [getattr(getattr(scheduler, "tp_worker", None), "model_runner", None)]
-    draft = getattr(scheduler, "draft_worker", None)
-    runners.append(getattr(draft, "model_runner", None) if draft is not None else None)
-    layers = sum(invalidate_landmarks(b) for r in runners if r is not None for b in sparrow_backends(r))
+    if KV_CACHE_TAG in getattr(getattr(scheduler, "weight_updater", None), "offload_tags", ()):
+        logger.info("sparrow: cache flushed while the kv_cache memory is released; landmarks zeroed on resume")
+        return None
+    layers = _invalidate_all(scheduler)
     logger.info("sparrow: cache flushed; landmarks of %d sparse layers invalidated", layers)
+    return None
+
+
+def kv_cache_region(model_runner: Any) -> contextlib.AbstractContextManager:
+    """SGLang's memory-saver region for the KV pool (``memory_saver_adapter.region("kv_cache")``),
+    or a no-op when the saver is off: tensors allocated inside are released and resumed with the pool."""
+    adapter = getattr(model_runner, "memory_saver_adapter", None)
+    if adapter is None or not getattr(adapter, "enabled", False):
+        return contextlib.nullcontext()
+    return adapter.region(KV_CACHE_TAG)
+
+
+def _invalidate_all(owner: Any) -> int:
+    """Zero the landmarks of every sparrow backend of ``owner``'s (a scheduler's or a weight
+    updater's) target and draft model runners."""
+    runners = [getattr(getattr(owner, "tp_worker", None), "model_runner", None)]
+    draft = getattr(owner, "draft_worker", None)
+    runners.append(getattr(draft, "model_runner", None) if draft is not None else None)
+    return sum(invalidate_landmarks(b) for r in runners if r is not None for b in sparrow_backends(r))
+
+
+def after_resume_memory_occupation(result: Any, updater: Any, recv_req: Any, *args: Any, **kwargs: Any) -> None:
+    """AFTER hook of ``SchedulerWeightUpdaterManager.resume_memory_occupation``: the ``kv_cache``
+    region (landmarks included) is mapped again with undefined contents; zero the landmarks."""
+    tags = getattr(recv_req, "tags", None)
+    if not tags or KV_CACHE_TAG in tags:
+        layers = _invalidate_all(updater)
+        logger.info("sparrow: kv_cache memory resumed; landmarks of %d sparse layers zeroed", layers)
     return None
 
 
@@ -99,11 +138,12 @@ async def around_update_weights_from_disk(original: Any, manager: Any, obj: Any,
 
 
 def install(hook_registry: Any, hook_type: Any) -> None:
-    """Register the flush and preflight hooks (call from the plug-in's ``register()``, next to
+    """Register the flush, preflight and memory-resume hooks (call from the plug-in's ``register()``, next to
     ``hooks.install``)."""
     hook_registry.register(FLUSH_TARGET, after_flush_cache, hook_type.AFTER)
     hook_registry.register(PREFLIGHT_TARGET, around_update_weights_from_disk, hook_type.AROUND)
+    hook_registry.register(RESUME_TARGET, after_resume_memory_occupation, hook_type.AFTER)
 
 
-__all__ = ["install", "after_flush_cache", "around_update_weights_from_disk", "invalidate_landmarks", "sparrow_backends",
-           "FLUSH_TARGET", "PREFLIGHT_TARGET"]
+__all__ = ["install", "after_flush_cache", "around_update_weights_from_disk", "after_resume_memory_occupation",
+           "invalidate_landmarks", "sparrow_backends", "kv_cache_region", "FLUSH_TARGET", "PREFLIGHT_TARGET", "RESUME_TARGET"]
