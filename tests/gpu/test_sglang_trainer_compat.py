@@ -1,0 +1,239 @@
+"""slime's and verl's control plane against the production engine on the GPU (issue 15).
+
+``sparrow-server serve --engine sglang`` (SGLang 0.5.17, the sparrow backend, page 16) serving a
+tiny random Qwen3 with a sparse default schedule and SGLang's memory saver on, replayed with the
+requests slime (THUDM/slime@624b824: ``sglang_engine.py``, ``server_control.py``,
+``rollout/sglang_rollout.py``) and verl (volcengine/verl@b178a3c: ``http_server_engine.py``) send:
+the rollout payload, ``abort_all`` mid-rollout with ``/v1/loads`` until idle, ``/health_generate``,
+``/server_info``, ``/get_weight_version``, pause -> ``flush_cache`` -> update from disk -> continue,
+release/resume memory with tags ``kv_cache`` and ``weights`` (the landmark side cache is freed and
+restored with the KV pool: free GPU memory grows by at least KV + landmarks), and
+``update_weights_from_tensor`` from this process. After each, the first rollout equals the tokens of
+the server when fresh (same weights) or of the update from disk (same new weights).
+Then SGLang is launched the way slime launches it (``ServerArgs(**kwargs)`` and ``launch_server``
+in a spawned process) with ``attention_backend="sparrow"``, ``page_size=16``: the plug-in loads and
+a rollout runs. Results go to ``$OUT/trainer_compat_results.json``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+pytestmark = pytest.mark.gpu
+
+SPARSE = "qwen3-1.7b-0.86"
+PORT, SLIME_PORT = 31400, 31410
+ARGS = ["--default-schedule", SPARSE, "--max-batch-size", "8", "--mem-fraction-static", "0.3",
+        "--cuda-graph-max-bs", "8", "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
+        "--enable-memory-saver"]
+PROMPT = [(17 * i + 11) % 3990 + 10 for i in range(1200)]  # sparse under the 0.86 preset (budget 512)
+RESULTS: dict = {}
+
+
+def _out(tmp) -> Path:
+    return Path(os.environ.get("OUT", tmp))
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    import sglang_server as S
+
+    tmp = tmp_path_factory.mktemp("trainer-compat")
+    yield {"tmp": tmp, "a": S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5),
+           "b": S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5)}
+    (_out(tmp) / "trainer_compat_results.json").write_text(json.dumps(RESULTS, indent=1))
+
+
+@pytest.fixture(scope="module")
+def server(paths):
+    import sglang_server as S
+
+    srv = S.Server(paths["a"], ARGS + ["--state-dir", str(paths["tmp"] / "state")],
+                   _out(paths["tmp"]) / "server-trainer-compat.log", port=PORT, sparrow=True)
+    RESULTS["startup_s"] = srv.start(timeout_s=500)
+    yield srv
+    srv.stop()
+
+
+def _httpx():
+    import httpx
+
+    return httpx
+
+
+def slime_request(base, endpoint, payload=None):
+    """slime SGLangEngine._make_request."""
+    r = _httpx().post(f"{base}/{endpoint}", json=payload or {}, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def slime_rollout(base, new=24, **sampling):
+    params = {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": new, "stop": None,
+              "stop_token_ids": None, "skip_special_tokens": True, "no_stop_trim": True,
+              "spaces_between_special_tokens": False, "ignore_eos": True, **sampling}
+    out = slime_request(base, "generate", {"sampling_params": params, "return_logprob": True, "input_ids": PROMPT})
+    tokens = [item[1] for item in out["meta_info"]["output_token_logprobs"]]
+    assert tokens == out["output_ids"]
+    return tokens, out["meta_info"]
+
+
+def num_requests(base) -> int:
+    loads = _httpx().get(f"{base}/v1/loads?include=core", timeout=30).json()["loads"]
+    return sum(int(x.get("num_running_reqs", 0)) + int(x.get("num_waiting_reqs", 0)) for x in loads)
+
+
+def slime_flush(base):
+    for _ in range(60):
+        if _httpx().get(f"{base}/flush_cache", timeout=60).status_code == 200:
+            return
+        time.sleep(1)
+    raise TimeoutError("flush_cache")
+
+
+def free_gpu_bytes() -> int:
+    import torch
+
+    return torch.cuda.mem_get_info()[0]
+
+
+def test_fresh_rollout_and_discovery(server):
+    tokens, meta = slime_rollout(server.base)
+    RESULTS["fresh"] = tokens
+    info = _httpx().get(f"{server.base}/server_info", timeout=30).json()
+    assert info["tp_size"] == 1 and info["pp_size"] == 1 and info["enable_memory_saver"] is True
+    assert info["model_path"] and info["page_size"] == 16
+    assert _httpx().get(f"{server.base}/health_generate", timeout=60).status_code == 200
+    assert _httpx().get(f"{server.base}/get_weight_version", timeout=30).json()["weight_version"] == meta["weight_version"]
+    RESULTS["discovery"] = {k: info.get(k) for k in ("tp_size", "pp_size", "dp_size", "enable_memory_saver",
+                                                     "attention_backend", "page_size")}
+
+
+def test_abort_all_mid_rollout(server):
+    box = {}
+    thread = threading.Thread(target=lambda: box.update(out=slime_rollout(server.base, new=4000)), daemon=True)
+    thread.start()
+    deadline = time.time() + 60
+    while num_requests(server.base) == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    _httpx().post(f"{server.base}/abort_request", json={"abort_all": True}, timeout=30).raise_for_status()
+    deadline = time.time() + 60
+    while num_requests(server.base) > 0 and time.time() < deadline:
+        time.sleep(0.2)
+    thread.join(120)
+    assert box["out"][1]["finish_reason"]["type"] == "abort" and len(box["out"][0]) < 4000
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+
+
+def test_weight_sync_from_disk_then_back(server, paths):
+    _httpx().post(f"{server.base}/pause_generation", json={}, timeout=60).raise_for_status()
+    slime_flush(server.base)
+    assert slime_request(server.base, "update_weights_from_disk",
+                         {"model_path": str(paths["b"]), "weight_version": "b"})["success"] is True
+    _httpx().post(f"{server.base}/continue_generation", json={}, timeout=60).raise_for_status()
+    assert _httpx().get(f"{server.base}/get_weight_version", timeout=30).json()["weight_version"] == "b"
+    RESULTS["weights_b"], _ = slime_rollout(server.base)
+    assert RESULTS["weights_b"] != RESULTS["fresh"]
+    slime_request(server.base, "update_weights_from_disk", {"model_path": str(paths["a"]), "weight_version": "a"})
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+
+
+def _allocation_mib(log: str) -> tuple[float, float]:
+    """(KV pool, landmarks) MiB from the server log (SGLang's and the backend's start-up lines)."""
+    kv = re.search(r"K size: ([\d.]+) GB, V size: ([\d.]+) GB", log)
+    landmarks = re.search(r"landmarks (\d+) MiB", log)
+    assert kv and landmarks, "allocation lines not in the log"
+    return (float(kv.group(1)) + float(kv.group(2))) * 1024, float(landmarks.group(1))
+
+
+@pytest.mark.parametrize("tags,resume_stages", [(["kv_cache"], [["kv_cache"]]),
+                                                (None, [["weights"], ["kv_cache"]])])  # slime: all, then 2 stages
+def test_release_and_resume_memory_frees_the_landmarks_with_the_kv_pool(server, tags, resume_stages):
+    kv_mib, landmark_mib = _allocation_mib(server.log_path.read_text(errors="replace"))
+    slime_flush(server.base)
+    before = free_gpu_bytes()
+    slime_request(server.base, "release_memory_occupation", {"tags": tags} if tags else None)
+    freed_mib = (free_gpu_bytes() - before) / 2**20
+    RESULTS.setdefault("release", []).append({"tags": tags, "freed_mib": freed_mib, "kv_mib": kv_mib,
+                                              "landmarks_mib": landmark_mib})
+    assert freed_mib >= 0.95 * (kv_mib + landmark_mib)
+    for stage in resume_stages:
+        slime_request(server.base, "resume_memory_occupation", {"tags": stage})
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+
+
+def test_update_weights_from_tensor_in_process(server, paths):
+    """SGLang's tensor path as its HTTP adapters use it: one serialized (name, tensor) list per TP rank."""
+    import torch
+    from safetensors.torch import load_file
+    from sglang.srt.utils import MultiprocessingSerializer
+
+    named = [(k, v.cuda()) for k, v in load_file(str(paths["b"] / "model.safetensors")).items()]
+    payload = {"serialized_named_tensors": [MultiprocessingSerializer.serialize(named, output_str=True)],
+               "flush_cache": True, "weight_version": "b-tensor"}
+    assert slime_request(server.base, "update_weights_from_tensor", payload)["success"] is True
+    torch.cuda.synchronize()
+    assert slime_rollout(server.base)[0] == RESULTS["weights_b"]
+    slime_request(server.base, "update_weights_from_disk", {"model_path": str(paths["a"]), "weight_version": "a2"})
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+
+
+SLIME_LAUNCH = """
+import json, multiprocessing, sys
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.entrypoints.http_server import launch_server
+kwargs = json.loads(sys.argv[1])
+if __name__ == "__main__":
+    multiprocessing.set_start_method("spawn", force=True)  # slime launch_server_process
+    p = multiprocessing.Process(target=launch_server, args=(ServerArgs(**kwargs),))
+    p.start()
+    p.join()
+"""
+
+
+def test_sglang_launched_the_way_slime_launches_it_loads_the_plugin(server, paths):
+    """slime _compute_server_args' dict (single GPU, no router) with the plug-in's two settings."""
+    kwargs = {"model_path": str(paths["a"]), "trust_remote_code": True, "random_seed": 1234,
+              "enable_memory_saver": False, "host": "127.0.0.1", "port": SLIME_PORT, "nnodes": 1, "node_rank": 0,
+              "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "skip_server_warmup": True,
+              "enable_metrics": True, "attention_backend": "sparrow", "page_size": 16,
+              "mem_fraction_static": 0.2, "cuda_graph_max_bs": 8, "disable_radix_cache": True,
+              "skip_tokenizer_init": True}
+    log = open(_out(paths["tmp"]) / "server-slime-launch.log", "w")
+    proc = subprocess.Popen([sys.executable, "-c", SLIME_LAUNCH, json.dumps(kwargs)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{SLIME_PORT}"
+    try:
+        deadline = time.time() + 500
+        while time.time() < deadline:  # slime _wait_server_healthy: /health_generate until 200
+            assert proc.poll() is None, (_out(paths["tmp"]) / "server-slime-launch.log").read_text()[-3000:]
+            try:
+                if _httpx().get(f"{base}/health_generate", timeout=30).status_code == 200:
+                    break
+            except Exception:
+                pass
+            time.sleep(2)
+        tokens, _ = slime_rollout(base)
+        text = (_out(paths["tmp"]) / "server-slime-launch.log").read_text(errors="replace")
+        assert "sparrow backend:" in text  # the plug-in's backend was built in the scheduler
+        RESULTS["slime_launch"] = {"tokens_equal_sparrow_serve_dense_default": None, "tokens": tokens}
+        dense = slime_rollout(server.base, custom_params={"sparrow_schedule": "dense"})[0]
+        RESULTS["slime_launch"]["tokens_equal_sparrow_serve_dense_default"] = tokens == dense
+        assert tokens == dense  # its default schedule is dense (no SPARROW_DEFAULT_SCHEDULE set)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
