@@ -275,3 +275,17 @@ def test_sglang_frontend_gen_payload(server):
     comp, meta_info = obj["text"], obj["meta_info"]
     assert isinstance(comp, str) and meta_info["completion_tokens"] == 6
     assert all(isinstance(t, str) for _, _, t in meta_info["output_token_logprobs"])
+
+
+def test_flush_timeout_waits_for_idle_and_release_needs_idle(server):
+    """SGLang 0.5.17: ``/flush_cache?timeout=s`` waits up to s for the server to become idle;
+    ``release_memory_occupation`` needs an idle server."""
+    rollout = LongRollout(server.url)
+    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
+    r = httpx.post(f"{server.url}/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False and not server.engine.cache.released
+    assert httpx.get(f"{server.url}/flush_cache?timeout=0.2", timeout=10).status_code == 400  # still running
+    threading.Timer(0.3, lambda: httpx.post(f"{server.url}/abort_request", json={"abort_all": True})).start()
+    assert httpx.get(f"{server.url}/flush_cache?timeout=30", timeout=60).status_code == 200  # waited for the abort
+    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert httpx.get(f"{server.url}/flush_cache?timeout=-1", timeout=10).status_code == 422
