@@ -184,11 +184,12 @@ class _Shaper:
                                   "finish_reason": self._finish(sample), "sparrow": self._sparrow(sample)}
         if sample.finish is not None and sample.finish.type == "stop":
             choice["matched_stop"] = sample.finish.matched
-        if self.chat:
-            choice["delta" if delta else "message"] = {"role": "assistant", "content": text} if not delta else (
-                {"content": text} if text or sample.finish is None else {})
-        else:
+        if not self.chat:
             choice["text"] = text
+        elif not delta:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:  # the role went in the stream's head; a last chunk without new text has an empty delta
+            choice["delta"] = {"content": text} if text or sample.finish is None else {}
         return choice
 
     def response(self, samples: list[SampleResult]) -> dict[str, Any]:
