@@ -146,8 +146,9 @@ def test_slime_abort_until_idle(server):
 
 
 def test_slime_flush_cache_refused_while_running_then_clears_kv_and_landmarks(server):
-    slime_generate(server.url, slime_sampling_params(max_new_tokens=20))  # leaves K/V and landmarks in freed pages
     cache = server.engine.cache
+    slime_flush_cache(server.url)  # from all zeros (unused pages of a new pool are uninitialised memory)
+    slime_generate(server.url, slime_sampling_params(max_new_tokens=20))  # leaves K/V and landmarks in freed pages
     assert cache.k.abs().sum() > 0 and cache.landmarks.abs().sum() > 0
     rollout = LongRollout(server.url)
     wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
