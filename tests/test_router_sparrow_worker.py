@@ -1,7 +1,7 @@
-"""sglang-router's circuit breaker and refused requests: what docs/fleet.md and the deploy/ configs
-(``--disable-circuit-breaker``) rely on, observed with the real router in front of one sparrow
-server (tiny model, in this process). A 422 is the client's fault, not the worker's; the test shows
-whether the router still counts it toward opening the breaker."""
+"""The real sglang-router in front of one sparrow server (tiny model, in this process): the router
+registers the served model from ``/server_info`` (not ``unknown``), and its circuit breaker counts
+refused requests, which docs/fleet.md and the deploy/ configs (``--disable-circuit-breaker``) rely
+on. A 422 is the client's fault, not the worker's; the test shows the router still counts it."""
 from __future__ import annotations
 
 import httpx
@@ -48,3 +48,10 @@ def test_refused_requests_open_the_default_breaker(worker, tmp_path):
 def test_disabled_breaker_keeps_serving(worker, tmp_path):
     codes, good = after_refusals(worker, tmp_path, ("--disable-circuit-breaker",))
     assert codes == [422] * REFUSALS and good == 200
+
+
+def test_router_registers_the_served_model(worker, tmp_path):
+    with running_router([worker.url], tmp_path) as router:
+        (registered,) = router.workers()
+        assert registered["model_id"] == "tiny" and registered["metadata"]["model_path"] == "tiny"
+        assert [m["id"] for m in httpx.get(f"{router.url}/v1/models", timeout=10).json()["data"]] == ["tiny"]
