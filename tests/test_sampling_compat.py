@@ -172,3 +172,27 @@ def test_stop_token_text_trimmed_unless_no_stop_trim(client):
     kept = generate(client, input_ids=None, text="sparrow", sampling_params={**params, "no_stop_trim": True})
     assert trimmed["output_ids"] == kept["output_ids"] == full["output_ids"][:end]
     assert trimmed["text"] == decode(full["output_ids"][:end - 1]) and kept["text"] == decode(full["output_ids"][:end])
+
+
+def test_streamed_text_is_trimmed_in_the_last_chunk(client):
+    import json
+
+    greedy = {"max_new_tokens": 12, "temperature": 0}
+    full = generate(client, input_ids=None, text="sparrow", sampling_params=greedy)["text"]
+    stop = full[5:7]
+    body = {"text": "sparrow", "stream": True, "sampling_params": {**greedy, "stop": stop}}
+    with client.stream("POST", "/generate", json=body) as s:
+        chunks = [json.loads(line[6:]) for line in s.iter_lines() if line and line != "data: [DONE]"]
+    assert chunks[-1]["text"] == full[:full.find(stop)]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+
+
+def test_min_new_tokens_holds_stop_strings_back_too(client):
+    greedy = {"max_new_tokens": 12, "temperature": 0}
+    full = generate(client, input_ids=None, text="sparrow", sampling_params=greedy)
+    stop = full["text"][1:3]  # completed by the third token
+    early = generate(client, input_ids=None, text="sparrow", sampling_params={**greedy, "stop": stop})
+    held = generate(client, input_ids=None, text="sparrow",
+                    sampling_params={**greedy, "stop": stop, "min_new_tokens": 8})
+    assert len(early["output_ids"]) < 8 <= len(held["output_ids"])
+    assert held["output_ids"] == full["output_ids"][:len(held["output_ids"])]
