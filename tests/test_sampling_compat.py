@@ -143,7 +143,8 @@ def test_unimplemented_keys_are_refused_by_name(client, key, value):
                                           ({"presence_penalty": -3}, "presence_penalty"),
                                           ({"repetition_penalty": 0}, "repetition_penalty"),
                                           ({"min_new_tokens": -1}, "min_new_tokens"),
-                                          ({"logit_bias": {"x": 1.0}}, "logit_bias.x")])
+                                          ({"logit_bias": {"x": 1.0}}, "logit_bias.x"),
+                                          ({"logit_bias": {str(TINY_VOCAB): 1.0}}, f"logit_bias.{TINY_VOCAB}")])
 def test_out_of_range_values_are_422(client, params, field):
     r = client.post("/generate", json={"input_ids": PROMPT, "sampling_params": params})
     assert r.status_code == 422 and r.json()["error"]["field"] == f"sampling_params.{field}", r.text

@@ -173,6 +173,10 @@ class ReferenceEngine(Engine):
         if request.sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("sampling_params.stop", list(request.sampling.stop),
                                       "stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        for token, _ in request.sampling.logit_bias:
+            if token >= self.vocab_size:
+                raise InvalidRequestError(f"sampling_params.logit_bias.{token}", token,
+                                          f"outside the vocabulary [0, {self.vocab_size})")
         if request.top_logprobs > self.vocab_size:
             raise InvalidRequestError("top_logprobs", request.top_logprobs, f"exceeds the vocabulary ({self.vocab_size})")
         self.resolve_adapter(request.adapter)

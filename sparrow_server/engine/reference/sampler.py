@@ -69,9 +69,8 @@ def adjusted_logits(logits: Tensor, params: SamplingParams, output_ids: Sequence
             out = torch.where(seen, scaled, out)
     if len(output_ids) < params.min_new_tokens and stop_ids:
         out[[t for t in stop_ids if t < vocab]] = float("-inf")
-    for token, bias in params.logit_bias:
-        if token < vocab:
-            out[token] += bias
+    for token, bias in params.logit_bias:  # ids checked against the vocabulary at admission
+        out[token] += bias
     return out
 
 
