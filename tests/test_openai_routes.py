@@ -142,3 +142,25 @@ def test_verl_generation_server_chat_request(server):
                    headers={"Authorization": "Bearer token-abc123"}, timeout=60)
     completion = ChatCompletion(**json.loads(r.content))
     assert completion.choices[0].finish_reason == "length" and isinstance(completion.choices[0].message.content, str)
+
+
+def test_completion_of_several_prompts_is_prompt_major(server):
+    prompts = ["sparrow", "field of", "wings"]
+    out = server.client.completions.create(model="tiny", prompt=prompts, max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in out.choices] == [0, 1, 2, 3, 4, 5]
+    tokenizer = CharTokenizer()
+    for i, prompt in enumerate(prompts):
+        ref = generate(server.url, text=prompt, sampling_params={"max_new_tokens": 5, "temperature": 0})
+        assert out.choices[2 * i].text == out.choices[2 * i + 1].text == ref["text"]
+    assert out.usage.prompt_tokens == sum(len(tokenizer(p)["input_ids"]) for p in prompts) and out.usage.completion_tokens == 6 * 5
+    stream = server.client.completions.create(model="tiny", prompt=prompts, max_tokens=5, temperature=0, n=2,
+                                              stream=True, stream_options={"include_usage": True})
+    text: dict[int, str] = {}
+    for chunk in stream:
+        for c in chunk.choices:
+            text[c.index] = text.get(c.index, "") + c.text
+        usage = chunk.usage or None
+    assert text == {c.index: c.text for c in out.choices} and usage.total_tokens == out.usage.total_tokens
+    tokens = server.client.completions.create(model="tiny", prompt=[[9, 8, 7], [6, 5, 4, 3]], max_tokens=2,
+                                              temperature=0)
+    assert [c.index for c in tokens.choices] == [0, 1] and tokens.usage.prompt_tokens == 7

@@ -119,15 +119,14 @@ class CompletionIn(_OpenAIBase):
         if self.best_of not in (None, 1, self.n):
             raise InvalidRequestError("best_of", self.best_of, "is not supported by this server (only n samples)")
 
-    def single_prompt(self) -> tuple[list[int] | None, str | None]:
-        """(input_ids, text) of the one prompt; a batch of several prompts is a 422."""
+    def prompts(self) -> list[tuple[list[int] | None, str | None]]:
+        """(input_ids, text) of each prompt: a string, a token list, or a list of either."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise InvalidRequestError("prompt", f"<{len(prompt)} prompts>",
-                                          "send one prompt per request (use n for several samples)")
-            prompt = prompt[0]
-        return (None, prompt) if isinstance(prompt, str) else (list(prompt), None)
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise InvalidRequestError("prompt", [], "must not be empty")
+        return [(None, p) if isinstance(p, str) else (list(p), None) for p in prompt]
 
 
 class ChatMessage(BaseModel):

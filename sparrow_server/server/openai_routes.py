@@ -7,8 +7,8 @@ choice. Bodies and naming: ``openai_models``.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-import uuid
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -20,7 +20,8 @@ from sparrow_server.server.admission import GuardedStreamingResponse, admission_
 from sparrow_server.server.handling import CLIENT_CLOSED, SSE, admit, unless_disconnected
 from sparrow_server.server.openai_models import ChatCompletionIn, CompletionIn
 from sparrow_server.server.security import require_rollout_auth
-from sparrow_server.server.service import Rollout, RolloutService, SampleResult
+from sparrow_server.server.limits import LimitExceededError
+from sparrow_server.server.service import Rollout, RolloutService, SampleResult, merge
 
 FINISH = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 SAMPLING_PREFIX = "sampling_params."
@@ -43,20 +44,26 @@ def install_openai_routes(app: FastAPI, service: RolloutService) -> None:
     @app.post("/v1/completions", dependencies=auth)
     async def completions(body: CompletionIn, request: Request):
         body.check()
-        input_ids, text = body.single_prompt()
-        ids = service.encode(input_ids, text)
-        ro = _prepare(service, "completions", ids, body, body.max_tokens, body.logprobs or 0)
-        shape = _Shaper(service, body, ro, chat=False, logprobs=body.logprobs is not None)
-        return await _respond(request, service, body, ro, shape)
+        prompts = body.prompts()
+        if len(prompts) > request.app.state.limits.max_generate_batch:
+            raise LimitExceededError("prompt", len(prompts), request.app.state.limits.max_generate_batch,
+                                     "max_generate_batch")
+        shapes = []
+        for i, (input_ids, text) in enumerate(prompts):  # all validated before any runs
+            rid = body.rid if len(prompts) == 1 or body.rid is None else f"{body.rid}_{i}"
+            ro = _prepare(service, "completions", service.encode(input_ids, text), body, body.max_tokens,
+                          body.logprobs or 0, rid)
+            shapes.append(_Shaper(service, body, ro, chat=False, logprobs=body.logprobs is not None,
+                                  offset=i * body.n))
+        return await _respond(request, service, body, shapes)
 
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(body: ChatCompletionIn, request: Request):
         body.check()
         ids = _chat_ids(service, body)
         top = (body.top_logprobs or 0) if body.logprobs else 0
-        ro = _prepare(service, "chat", ids, body, body.max_new_tokens(), top)
-        shape = _Shaper(service, body, ro, chat=True, logprobs=body.logprobs)
-        return await _respond(request, service, body, ro, shape)
+        ro = _prepare(service, "chat", ids, body, body.max_new_tokens(), top, body.rid)
+        return await _respond(request, service, body, [_Shaper(service, body, ro, chat=True, logprobs=body.logprobs)])
 
 
 def _model_ids(service: RolloutService) -> list[str]:
@@ -80,10 +87,10 @@ def _chat_ids(service: RolloutService, body: ChatCompletionIn) -> tuple[int, ...
 
 
 def _prepare(service: RolloutService, endpoint: str, ids: tuple[int, ...], body, max_new_tokens: int | None,
-             top_logprobs: int) -> Rollout:
+             top_logprobs: int, rid: str | None) -> Rollout:
     try:
         return service.prepare(endpoint, ids, body.sampling(max_new_tokens), body.schedule_name(), body.adapter(),
-                               top_logprobs, body.n, body.rid)
+                               top_logprobs, body.n, rid)
     except InvalidRequestError as exc:  # name the field as this body spells it
         if not exc.field.startswith(SAMPLING_PREFIX):
             raise
@@ -92,22 +99,24 @@ def _prepare(service: RolloutService, endpoint: str, ids: tuple[int, ...], body,
         raise InvalidRequestError(OPENAI_NAMES.get(head, head) + name[len(head):], exc.value, exc.reason) from None
 
 
-async def _respond(request: Request, service: RolloutService, body, ro: Rollout, shape: "_Shaper"):
-    slot = await admit(request, ro)
+async def _respond(request: Request, service: RolloutService, body, shapes: list["_Shaper"]):
+    """Run every prompt's rollout together; one response (or stream) with their choices in order."""
+    slot = await admit(request, *(shape.ro for shape in shapes))
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
 
         async def events() -> AsyncIterator[bytes]:
-            last: dict[int, SampleResult] = {}
-            for head in shape.stream_heads():
-                yield formats.sse(head)
-            async for sample, _, _ in service.stream(ro):
-                last[sample.index] = sample
-                chunk = shape.chunk(sample)
+            last: dict[tuple[int, int], SampleResult] = {}
+            for shape in shapes:
+                for head in shape.stream_heads():
+                    yield formats.sse(head)
+            async for i, (sample, _, _) in merge([service.stream(shape.ro) for shape in shapes]):
+                last[i, sample.index] = sample
+                chunk = shapes[i].chunk(sample)
                 if chunk is not None:
                     yield formats.sse(chunk)
             if include_usage:
-                yield formats.sse(shape.usage_chunk(list(last.values())))
+                yield formats.sse(shapes[0].usage_chunk(_by_prompt(last, len(shapes))))
             yield formats.SSE_DONE
 
         def error_event(error: dict[str, Any]) -> bytes:
@@ -115,17 +124,26 @@ async def _respond(request: Request, service: RolloutService, body, ro: Rollout,
 
         return GuardedStreamingResponse(guarded_stream(admission_of(request), slot, events(), error_event),
                                         media_type=SSE)
-    samples = await guarded_call(admission_of(request), slot, unless_disconnected(service.collect(ro), request))
-    if samples is None:
+    async def collect_all() -> list[list[SampleResult]]:
+        return list(await asyncio.gather(*(service.collect(shape.ro) for shape in shapes)))
+
+    results = await guarded_call(admission_of(request), slot, unless_disconnected(collect_all(), request))
+    if results is None:
         return Response(status_code=CLIENT_CLOSED)
-    return shape.response(samples)
+    choices = [choice for shape, samples in zip(shapes, results) for choice in shape.choices(samples)]
+    return {**shapes[0].head(), "choices": choices, "usage": shapes[0].usage(results)}
+
+
+def _by_prompt(last: dict[tuple[int, int], SampleResult], prompts: int) -> list[list[SampleResult]]:
+    return [[s for (i, _), s in sorted(last.items()) if i == p] for p in range(prompts)]
 
 
 class _Shaper:
     """OpenAI's JSON for one request: the whole response, or stream chunks with text deltas."""
 
-    def __init__(self, service: RolloutService, body, ro: Rollout, chat: bool, logprobs: bool):
+    def __init__(self, service: RolloutService, body, ro: Rollout, chat: bool, logprobs: bool, offset: int = 0):
         self.service, self.body, self.ro, self.chat, self.logprobs = service, body, ro, chat, logprobs
+        self.offset = offset  # choice index of this prompt's first sample (prompt-major, as SGLang)
         self.id = ("chatcmpl-" if chat else "cmpl-") + ro.rid
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -144,7 +162,7 @@ class _Shaper:
             return sample.text
         return self.service.final_text(sample, self.ro.skip_special_tokens, bool(self.body.no_stop_trim))
 
-    def _head(self, object_suffix: str = "") -> dict[str, Any]:
+    def head(self, object_suffix: str = "") -> dict[str, Any]:
         return {"id": self.id, "object": self.object + object_suffix, "created": self.created, "model": self.body.model}
 
     def _sparrow(self, sample: SampleResult) -> dict[str, Any]:
@@ -154,9 +172,11 @@ class _Shaper:
     def _finish(self, sample: SampleResult) -> str | None:
         return FINISH.get(sample.finish.type, "stop") if sample.finish is not None else None
 
-    def _usage(self, samples: list[SampleResult]) -> dict[str, int]:
-        prompt = samples[0].prompt_tokens if samples else 0
-        completion = sum(len(s.token_ids) for s in samples)
+    @staticmethod
+    def usage(per_prompt: list[list[SampleResult]]) -> dict[str, int]:
+        """OpenAI's usage: each prompt counted once, every sample's completion."""
+        prompt = sum(samples[0].prompt_tokens for samples in per_prompt if samples)
+        completion = sum(len(s.token_ids) for samples in per_prompt for s in samples)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _logprobs(self, sample: SampleResult, start: int, end: int) -> dict[str, Any] | None:
@@ -180,7 +200,7 @@ class _Shaper:
                 "top_logprobs": [{self.decode(tt): tl for tl, tt in top[:k]} for top in tops] if k else None}
 
     def _choice(self, sample: SampleResult, text: str, start: int, end: int, delta: bool) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": sample.index, "logprobs": self._logprobs(sample, start, end),
+        choice: dict[str, Any] = {"index": self.offset + sample.index, "logprobs": self._logprobs(sample, start, end),
                                   "finish_reason": self._finish(sample), "sparrow": self._sparrow(sample)}
         if sample.finish is not None and sample.finish.type == "stop":
             choice["matched_stop"] = sample.finish.matched
@@ -192,15 +212,14 @@ class _Shaper:
             choice["delta"] = {"content": text} if text or sample.finish is None else {}
         return choice
 
-    def response(self, samples: list[SampleResult]) -> dict[str, Any]:
-        choices = [self._choice(s, self._text(s), 0, len(s.token_ids), delta=False) for s in samples]
-        return {**self._head(), "choices": choices, "usage": self._usage(samples)}
+    def choices(self, samples: list[SampleResult]) -> list[dict[str, Any]]:
+        return [self._choice(s, self._text(s), 0, len(s.token_ids), delta=False) for s in samples]
 
     def stream_heads(self) -> list[dict[str, Any]]:
         """Chat streams open each choice with the assistant role (as OpenAI's and SGLang's do)."""
         if not self.chat:
             return []
-        return [{**self._head(".chunk"), "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
+        return [{**self.head(".chunk"), "choices": [{"index": self.offset + i, "delta": {"role": "assistant", "content": ""},
                                                       "logprobs": None, "finish_reason": None}]}
                 for i in range(len(self.ro.requests))]
 
@@ -214,7 +233,7 @@ class _Shaper:
         choice = self._choice(sample, delta, start, end, delta=True)
         self.sent_text[sample.index] = sent + delta
         self.sent_tokens[sample.index] = end
-        return {**self._head(".chunk" if self.chat else ""), "choices": [choice]}
+        return {**self.head(".chunk" if self.chat else ""), "choices": [choice]}
 
-    def usage_chunk(self, samples: list[SampleResult]) -> dict[str, Any]:
-        return {**self._head(".chunk" if self.chat else ""), "choices": [], "usage": self._usage(samples)}
+    def usage_chunk(self, per_prompt: list[list[SampleResult]]) -> dict[str, Any]:
+        return {**self.head(".chunk" if self.chat else ""), "choices": [], "usage": self.usage(per_prompt)}
