@@ -134,18 +134,21 @@ def _validate_sampling(p: SamplingParams) -> None:
 
 
 def _validate_penalties(p: SamplingParams, bad) -> None:
+    def number(x: Any) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
     for name in ("frequency_penalty", "presence_penalty"):
         value = getattr(p, name)
-        if not _finite(value) or not -PENALTY_BOUND <= value <= PENALTY_BOUND:
+        if not number(value) or not -PENALTY_BOUND <= value <= PENALTY_BOUND:
             raise bad(name, value, f"must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}]")
-    if not _finite(p.repetition_penalty) or not 0.0 < p.repetition_penalty <= PENALTY_BOUND:
+    if not number(p.repetition_penalty) or not 0.0 < p.repetition_penalty <= PENALTY_BOUND:
         raise bad("repetition_penalty", p.repetition_penalty, "must be in (0, 2] (1 = off)")
     if isinstance(p.min_new_tokens, bool) or not isinstance(p.min_new_tokens, int) or p.min_new_tokens < 0:
         raise bad("min_new_tokens", p.min_new_tokens, "must be an integer >= 0")
     for token, bias in p.logit_bias:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise bad("logit_bias", token, "keys must be token ids (non-negative integers)")
-        if not _finite(bias):
+        if not number(bias):
             raise bad(f"logit_bias.{token}", bias, "must be a finite number")
 
 
