@@ -243,3 +243,39 @@ def test_sglang_launched_the_way_slime_launches_it_loads_the_plugin(server, path
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+VERL_ENGINE = """
+import json, sys
+import sglang
+args, prompt = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if __name__ == "__main__":
+    engine = sglang.Engine(**args)  # load_plugins() runs in Engine.__init__, before ServerArgs
+    out = engine.generate(input_ids=[prompt], sampling_params={"max_new_tokens": 24, "temperature": 0.0,
+                                                               "ignore_eos": True})
+    print("RESULT " + json.dumps(out[0]["output_ids"]), flush=True)
+    engine.shutdown()
+"""
+
+
+def test_sglang_engine_with_verl_server_args_loads_the_plugin(server, paths):
+    """verl async_sglang_server's ServerArgs dict (volcengine/verl@b178a3c, one GPU) with
+    ``engine_kwargs.sglang`` = {attention_backend: sparrow, page_size: 16}, run through SGLang's own
+    in-process ``Engine`` class (verl's server launches the same subprocesses; its Ray/uvicorn
+    wrapping is not reproduced here)."""
+    args = {"model_path": str(paths["a"]), "dtype": "auto", "mem_fraction_static": 0.2, "disable_cuda_graph": False,
+            "enable_memory_saver": MEMORY_SAVER, "base_gpu_id": 0, "gpu_id_step": 1, "tp_size": 1, "dp_size": 1,
+            "ep_size": 1, "node_rank": 0, "load_format": "auto", "nnodes": 1, "trust_remote_code": False,
+            "max_running_requests": 8, "log_level": "info", "skip_tokenizer_init": True, "skip_server_warmup": True,
+            "attention_backend": "sparrow", "page_size": 16, "cuda_graph_max_bs": 8, "disable_radix_cache": True}
+    log_path = _out(paths["tmp"]) / "verl-engine.log"
+    with open(log_path, "w") as log:
+        done = subprocess.run([sys.executable, "-c", VERL_ENGINE, json.dumps(args), json.dumps(PROMPT)], stdout=log,
+                              stderr=subprocess.STDOUT, timeout=540)
+    text = log_path.read_text(errors="replace")
+    assert done.returncode == 0, text[-3000:]
+    assert "sparrow backend:" in text
+    tokens = json.loads(next(line for line in text.splitlines() if line.startswith("RESULT "))[7:])
+    dense = slime_rollout(server.base, custom_params={"sparrow_schedule": "dense"})[0]
+    RESULTS["verl_engine"] = {"tokens_equal_sparrow_serve_dense": tokens == dense}
+    assert tokens == dense
