@@ -164,6 +164,7 @@ def test_slime_flush_cache_refused_while_running_then_clears_kv_and_landmarks(se
 def test_slime_weight_sync_from_disk(server, ckpt):
     before, _, _, _ = slime_generate(server.url, slime_sampling_params())
     checksum = slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"]
+    slime_make_request(server.url, "weights_checker", {"action": "snapshot"})
     httpx.post(f"{server.url}/pause_generation", json={}, timeout=30).raise_for_status()
     slime_flush_cache(server.url)
     out = slime_make_request(server.url, "update_weights_from_disk", {"model_path": str(ckpt["b"]), "weight_version": "7"})
@@ -174,9 +175,12 @@ def test_slime_weight_sync_from_disk(server, ckpt):
     after, _, _, meta = slime_generate(server.url, slime_sampling_params())
     assert meta["weight_version"] == "7" and after != before
     assert slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"] != checksum
+    differ = httpx.post(f"{server.url}/weights_checker", json={"action": "compare"}, timeout=30)
+    assert differ.status_code == 400 and "differ from the snapshot" in differ.json()["message"]
     slime_make_request(server.url, "update_weights_from_disk", {"model_path": str(ckpt["a"]), "weight_version": "8"})
     assert slime_generate(server.url, slime_sampling_params())[0] == before  # the old weights again
     assert slime_make_request(server.url, "weights_checker", {"action": "checksum"})["per_engine_checksum"] == checksum
+    assert slime_make_request(server.url, "weights_checker", {"action": "compare"})["success"] is True
 
 
 def test_slime_release_and_resume_memory(server):

@@ -61,9 +61,9 @@ class CheckWeightsIn(BaseModel):
     rid: Optional[str] = None
 
 
-def _failure(status: int, message: str, **fields: Any) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message, **fields,
-                         "error": {"type": "not_supported" if status == 400 else "error", "message": message},
+def _failure(message: str, kind: str = "not_supported", status: int = 400) -> JSONResponse:
+    """SGLang's failure body (``success``/``message``, 400) plus this service's ``error`` object."""
+    return JSONResponse({"success": False, "message": message, "error": {"type": kind, "message": message},
                          "detail": message}, status_code=status)
 
 
@@ -167,7 +167,7 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
     admin = [Depends(require_admin)]
 
     def unsupported(route: str) -> JSONResponse:
-        return _failure(400, f"the {engine.info().engine} engine does not serve {route}")
+        return _failure(f"the {engine.info().engine} engine does not serve {route}")
 
     async def in_thread(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
@@ -193,7 +193,7 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
             try:
                 report = await in_thread(memory.release_memory if release else memory.resume_memory, tags)
             except MemoryBusyError as exc:
-                return _failure(400, str(exc))
+                return _failure(str(exc), "busy")
             return {"success": True, "message": "released" if release else "resumed",
                     "tags": list(report.changed) + list(report.kept), "changed": list(report.changed),
                     "kept": list(report.kept)}
@@ -208,11 +208,11 @@ def _memory_routes(app: FastAPI, engine: Engine) -> None:
             return unsupported("/weights_checker")
         action = (body or CheckWeightsIn()).action
         if action not in WEIGHT_CHECK_ACTIONS:
-            return _failure(400, f"Unsupported action={action!r} (one of {', '.join(WEIGHT_CHECK_ACTIONS)})")
+            return _failure(f"Unsupported action={action!r} (one of {', '.join(WEIGHT_CHECK_ACTIONS)})", "invalid_request")
         try:
             payload = await in_thread(memory.check_weights, action)
         except ValueError as exc:
-            return _failure(400, str(exc))
+            return _failure(str(exc), "weights_differ")
         out: dict[str, Any] = {"success": True, "message": f"{action} done"}
         if payload is not None:
             out["ranks"] = [payload]
@@ -233,7 +233,7 @@ def _unsupported_weight_routes(app: FastAPI, engine: Engine) -> None:
 
     def refusal(message: str):
         async def refuse():
-            return _failure(400, message)
+            return _failure(message)
         return refuse
 
     for path, reason in (("/update_weights_from_tensor", NO_TENSOR_IPC), ("/init_weights_update_group", NO_NCCL),
