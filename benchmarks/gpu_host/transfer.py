@@ -43,6 +43,7 @@ PART_FILE = "part.bin"
 MANIFEST = "MANIFEST.json"
 PART_PREFIX = ".model"
 CHUNK = 4 * MIB
+MANIFEST_ALLOWANCE = 4096            # bytes of a part's MANIFEST.json, at most
 
 
 class TransferError(RuntimeError):
@@ -206,14 +207,14 @@ def prepare(repo: Path, gguf: Path, code_src: Path, margin: int) -> dict:
     pack_code(code_src, repo / CODE_DIR)
     tree, code = tree_bytes(repo), dir_bytes(repo / CODE_DIR)
     kit = sum(dir_bytes(repo / name) for name in FIRST_CALL_CARRY)
-    every_call = tree + code + margin
+    every_call = tree + code + margin + MANIFEST_ALLOWANCE
     capacities = [CALL_LIMIT_BYTES - every_call - kit, CALL_LIMIT_BYTES - every_call]
     parts = plan_parts(gguf.stat().st_size, capacities)
     write_parts(gguf, parts, repo)
     calls = []
     for p in parts:
         carry = [*(FIRST_CALL_CARRY if p.index == 1 else ()), CODE_DIR, f"{PART_PREFIX}{p.index}"]
-        size = tree + code + p.size + (kit if p.index == 1 else 0)
+        size = tree + sum(dir_bytes(repo / name) for name in carry)
         calls.append({"call": p.index, "carry": carry, "part_bytes": p.size, "call_bytes": size,
                       "call_mib": round(size / MIB, 2)})
     return {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "tree_bytes": tree, "code_bytes": code,
