@@ -87,6 +87,7 @@ def _parse_top(entries: Sequence[Sequence[Any]] | None, k: int) -> tuple[list[in
 def generate(client: Any, pairs: list[tuple[str, list[int], Schedule]], total_tokens: int,
              top_k: int = TOP_K) -> list[dict]:
     """Sparse rollouts (one /generate per schedule, concurrently), then the dense top-k of each."""
+    from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON
     from sparrow_server.sglang_plugin.verification import topk_from_prefill_meta
     from sparrow_server.stats.acceptance import topk_acceptance_lower_bound
     from sparrow_server.sparsity.schedule import dump_schedule
@@ -100,9 +101,13 @@ def generate(client: Any, pairs: list[tuple[str, list[int], Schedule]], total_to
 
     def run(name: str) -> list[dict]:
         idx = by_schedule[name]
+        sched = pairs[idx[0]][2]
+        # SGLang's scheduler resolves names once, at start: a schedule registered since then travels as
+        # JSON (which it reads first); the reference server reads the registered name.
+        custom = {} if sched.is_dense else {"custom_params": {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(sched)}}
         payload = {"input_ids": [pairs[i][1] for i in idx], "return_logprob": True, "top_logprobs_num": top_k,
                    "sampling_params": [{"max_new_tokens": total_tokens - len(pairs[i][1]), "temperature": 1.0,
-                                        "ignore_eos": True} for i in idx]}
+                                        "ignore_eos": True, **custom} for i in idx]}
         out = client.generate(payload, schedule=name)
         return out if isinstance(out, list) else [out]
 
@@ -259,7 +264,11 @@ def main() -> int:
     if args.cmd == "generate":
         from sparrow_server.client import SparrowClient
 
-        tokenizer = load_model(args.model).tokenizer if args.model else None
+        tokenizer = None
+        if args.model:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(args.model))
         schedules = [fixed_schedule(int(b)) for b in args.budgets.split(",") if b.strip()]
         schedules += [dense_schedule()] if args.dense else []
         pairs = assign(load_prompts(args.prompts, tokenizer), schedules, args.prompts_per_schedule,
