@@ -56,9 +56,12 @@ def test_rollouts_carry_logprobs_and_a_lower_bound(rows):
         assert all(0.0 <= a <= 1.0 for a in r["lower_bound"])
 
 
-def test_reference_rescoring_agrees_and_bounds_hold(rows, model_dir):
+def test_reference_rescoring_agrees_and_bounds_hold(rows, model_dir, tmp_path):
     model = load_plain(model_dir, "sdpa")
-    result = X.score(model, rows, bin_tokens=64)
+    result = X.score(model, rows, bin_tokens=64, tokens_out=tmp_path / "tokens.npz")
+    with np.load(tmp_path / "tokens.npz") as z:
+        assert z["xe-fixed-64/exact"].shape == z["xe-fixed-64/length"].shape == (2 * TOTAL - 40 - 49,)
+        np.testing.assert_allclose(z["xe-fixed-64/exact"].mean(), result["xe-fixed-64"]["exact"]["mean"], rtol=1e-5)
     for name, s in result.items():
         assert s["abs_logprob_diff"]["max"] < TOL, (name, s["abs_logprob_diff"])
         for b in s["bins"]:

@@ -198,8 +198,9 @@ def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], d
             "agree_share_by_layer": {str(k): float(np.mean(v)) for k, v in sorted(per_layer.items())}}
 
 
-def score(model: Any, rows: list[dict], bin_tokens: int) -> dict:
-    """Per schedule: |server - reference| logprob of the sampled tokens, exact acceptance vs the lower bound per bin."""
+def score(model: Any, rows: list[dict], bin_tokens: int, tokens_out: Path | None = None) -> dict:
+    """Per schedule: |server - reference| logprob of the sampled tokens, exact acceptance vs the lower bound per bin.
+    ``tokens_out``: also save the per-token arrays (``<schedule>/<array>``, ``length`` = tokens attended) as npz."""
     from sparrow_server.modeling.sparse_forward import teacher_forced_logits
     from sparrow_server.monitor.scoring import HFScorer, chunked_exact_acceptance
 
@@ -221,9 +222,12 @@ def score(model: Any, rows: list[dict], bin_tokens: int) -> dict:
         acc["lower"].append(np.asarray(row["lower_bound"]))
         acc["length"].append(len(p) + np.arange(len(c)))
         del sparse, dense
-    out = {}
+    out, arrays = {}, {}
     for name, acc in per.items():
         d, ex, lb, ln = (np.concatenate(acc[k]) for k in ("diff", "exact", "lower", "length"))
+        rollout = np.concatenate([np.full(len(x), i) for i, x in enumerate(acc["diff"])])
+        arrays.update({f"{name}/abs_logprob_diff": d.astype(np.float32), f"{name}/exact": ex.astype(np.float32),
+                       f"{name}/lower_bound": lb.astype(np.float32), f"{name}/length": ln, f"{name}/rollout": rollout})
         bins = []
         for b in range(int(ln.max()) // bin_tokens + 1):
             m = (ln // bin_tokens) == b
@@ -235,6 +239,8 @@ def score(model: Any, rows: list[dict], bin_tokens: int) -> dict:
                              "lower_above_exact_share": float((lb[m] > ex[m] + 1e-3).mean())})
         out[name] = {"rollouts": len(acc["diff"]), "tokens": int(d.size), "abs_logprob_diff": _quantiles(d),
                      "exact": _quantiles(ex), "lower_bound": _quantiles(lb), "bins": bins}
+    if tokens_out is not None:
+        np.savez_compressed(tokens_out, **arrays)
     return out
 
 
@@ -284,7 +290,8 @@ def main() -> int:
     model = load_model(args.model, device=args.device).model
     t0 = time.time()
     result = {"rollouts": str(args.rollouts), "model": str(args.model), "device": args.device, "dtype": "float32",
-              "bin_tokens": args.bin_tokens, "schedules": score(model, rows, args.bin_tokens)}
+              "bin_tokens": args.bin_tokens,
+              "schedules": score(model, rows, args.bin_tokens, args.out.with_suffix(".tokens.npz"))}
     if args.selections is not None:
         from sparrow_server.sglang_plugin.selection_debug import load_records
 
