@@ -37,6 +37,15 @@ SCHEDULE_PREFIX = "xe-fixed-"
 QUANTILES = {"p5": 0.05, "median": 0.5, "p99": 0.99}
 
 
+def tokenizer_of(model_dir: Path | None) -> Any | None:
+    """The directory's tokenizer, or None (a weights-only directory: prompts must be token ids)."""
+    if model_dir is None or not any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
 def fixed_schedule(budget: int) -> Schedule:
     return Schedule(name=f"{SCHEDULE_PREFIX}{budget}", budgets_tokens=(budget,),
                     description="cross-engine fidelity: one fixed budget")
@@ -270,11 +279,7 @@ def main() -> int:
     if args.cmd == "generate":
         from sparrow_server.client import SparrowClient
 
-        tokenizer = None
-        if args.model:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(str(args.model))
+        tokenizer = tokenizer_of(args.model)
         schedules = [fixed_schedule(int(b)) for b in args.budgets.split(",") if b.strip()]
         schedules += [dense_schedule()] if args.dense else []
         pairs = assign(load_prompts(args.prompts, tokenizer), schedules, args.prompts_per_schedule,
