@@ -39,8 +39,6 @@ PER_SCHEDULE = int(os.environ.get("CROSS_ENGINE_PROMPTS", "2"))
 BUDGETS = (256, 512, 1024)
 SELECTION_BUDGETS = (256, 512)
 SELECTION_TOTAL = min(TOTAL, 4096)
-SERVER_ARGS = ["--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "32", "--cuda-graph-backend-prefill", "disabled",
-               "--disable-radix-cache", "--dtype", "bfloat16"]
 PORT = 31300
 
 
@@ -68,11 +66,11 @@ def oracle(model_dir):
 def _rollouts(model_dir, schedules, per_schedule, total, distinct, name, env=None, extra=()):
     import cross_engine as X
     import sglang_server as S
+    import smollm2
     from sparrow_server.client import SparrowClient
-    from transformers import AutoTokenizer
 
-    prompts = X.load_prompts(X.DEFAULT_PROMPTS, AutoTokenizer.from_pretrained(str(model_dir)))
-    srv = S.Server(model_dir, SERVER_ARGS + list(extra), _out() / f"server-{name}.log", port=PORT, env=env, sparrow=True)
+    prompts = X.load_prompts(X.DEFAULT_PROMPTS, X.tokenizer_of(model_dir))
+    srv = S.Server(model_dir, smollm2.SERVER_ARGS + list(extra), _out() / f"server-{name}.log", port=PORT, env=env, sparrow=True)
     start_s = srv.start(timeout_s=500)
     try:
         with SparrowClient(srv.base, timeout=1800) as client:
