@@ -14,6 +14,9 @@ OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
 GGUF="${GGUF:-/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"; CACHE="${CACHE:-/tmp/sparrow-cache}"
 PORT=31500
+# Sizes (defaults: the GPU plan); ENGINE=reference DEVICE=cpu with small sizes dry-runs stage 4 on a CPU.
+ENGINE="${ENGINE:-sglang}"; DEVICE="${DEVICE:-cuda}"; TOTAL="${TOTAL:-8160}"; CAL_NEW="${CAL_NEW:-8000}"
+CAL_BUDGETS="${CAL_BUDGETS:-256,512,1024,2048}"; BIN="${BIN:-512}"; TP_BATCH="${TP_BATCH:-32}"
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 log() { echo "[host $STAGE +$(( $(date +%s) - T0 ))s] $*"; }
@@ -34,8 +37,9 @@ store() { py benchmarks/gpu_host/transfer.py store "$R/.model$1" --store "$STORE
 model_dir() { cat "$W/model_dir"; }
 serve() {  # start `sparrow-server serve --engine sglang` on the converted model in the background; wait for /health
   local name=$1; shift
-  setsid python3 -m sparrow_server.cli serve --engine sglang --model "$(model_dir)" --host 127.0.0.1 --port $PORT \
-    --state-dir "$W/state-$name" "$@" -- $(py benchmarks/gpu_host/smollm2.py) > "$W/server-$name.log" 2>&1 &
+  local sglang_args=(); [ "$ENGINE" = sglang ] && sglang_args=(-- $(py benchmarks/gpu_host/smollm2.py))
+  setsid python3 -m sparrow_server.cli serve --engine "$ENGINE" --model "$(model_dir)" --host 127.0.0.1 --port $PORT \
+    --state-dir "$W/state-$name" "$@" "${sglang_args[@]}" > "$W/server-$name.log" 2>&1 &
   SERVER_PID=$!
   for _ in $(seq 1 280); do
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null 2>&1 && { log "server $name healthy"; return 0; }
@@ -44,7 +48,10 @@ serve() {  # start `sparrow-server serve --engine sglang` on the converted model
   done
   log "server $name not healthy"; return 1
 }
-stop_server() { [ -n "${SERVER_PID:-}" ] && kill -TERM -- -"$SERVER_PID" 2>/dev/null; sleep 3; kill -KILL -- -"$SERVER_PID" 2>/dev/null; SERVER_PID=; }
+stop_server() {
+  [ -n "${SERVER_PID:-}" ] || return 0
+  kill -TERM -- -"$SERVER_PID" 2>/dev/null; sleep 3; kill -KILL -- -"$SERVER_PID" 2>/dev/null; SERVER_PID=
+}
 trap 'stop_server' EXIT
 pack() { tar -C "$W" -cJf "$OUT/$1" "${@:2}" 2>/dev/null; log "packed $1"; }
 
@@ -94,16 +101,16 @@ for split, n in (("calibration", 8), ("heldout", 4)):
 EOF
   serve calib || exit 1
   URL=http://127.0.0.1:$PORT
-  timeout 300 python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device cuda \
-    --prompts "$W/prompts-calibration.jsonl" --threshold "$TARGET" --budgets 256,512,1024,2048 --max-new-tokens 8000 \
-    --bin-tokens 512 --ignore-eos --out "$W/cal/smollm2-8k.json" --no-progress 2>&1 | tee "$OUT/calibrate.log"
+  timeout 300 python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device $DEVICE \
+    --prompts "$W/prompts-calibration.jsonl" --threshold "$TARGET" --budgets $CAL_BUDGETS --max-new-tokens $CAL_NEW \
+    --bin-tokens $BIN --ignore-eos --out "$W/cal/smollm2-8k.json" --no-progress 2>&1 | tee "$OUT/calibrate.log"
   log "calibrated"
   timeout 110 python3 benchmarks/gpu_host/heldout.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
-    --prompts "$W/prompts-heldout.jsonl" --target "$TARGET" --total-tokens 8160 --per-schedule 4 --bin-tokens 512 \
-    --verify-rollouts 2 --device cuda --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
+    --prompts "$W/prompts-heldout.jsonl" --target "$TARGET" --total-tokens $TOTAL --per-schedule 4 --bin-tokens $BIN \
+    --verify-rollouts 2 --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
   log "held-out done"
   timeout 100 python3 benchmarks/gpu_host/throughput.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
-    --batch 32 --total-tokens 8160 --out "$W/cal/throughput.json" 2>&1 | tee "$OUT/throughput.log"
+    --batch $TP_BATCH --total-tokens $TOTAL --out "$W/cal/throughput.json" 2>&1 | tee "$OUT/throughput.log"
   cp "$W/cal/heldout.json" "$W/cal/throughput.json" "$OUT/" 2>/dev/null
   stop_server
   cp "$W/server-calib.log" "$W/cal/" 2>/dev/null
