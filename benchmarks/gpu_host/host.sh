@@ -17,6 +17,7 @@ PORT=31500
 # Sizes (defaults: the GPU plan); ENGINE=reference DEVICE=cpu with small sizes dry-runs stage 4 on a CPU.
 ENGINE="${ENGINE:-sglang}"; DEVICE="${DEVICE:-cuda}"; TOTAL="${TOTAL:-8160}"; CAL_NEW="${CAL_NEW:-8000}"
 CAL_BUDGETS="${CAL_BUDGETS:-256,512,1024,2048}"; BIN="${BIN:-512}"; TP_BATCH="${TP_BATCH:-32}"
+CAL_PROMPTS="${CAL_PROMPTS:-8}"; CAL_TIMEOUT="${CAL_TIMEOUT:-300}"
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 log() { echo "[host $STAGE +$(( $(date +%s) - T0 ))s] $*"; }
@@ -91,20 +92,21 @@ EOF
   [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
   TARGET="${TARGET:-$(cat "$W/target" 2>/dev/null || echo 0.85)}"
   log "target $TARGET"
-  py - benchmarks/fidelity/prompts.jsonl "$W" <<'EOF'
+  py - benchmarks/fidelity/prompts.jsonl "$W" "$CAL_PROMPTS" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-for split, n in (("calibration", 8), ("heldout", 4)):
+for split, n in (("calibration", int(sys.argv[3])), ("heldout", 4)):
     with open(f"{sys.argv[2]}/prompts-{split}.jsonl", "w") as f:
         for r in [r for r in rows if r["split"] == split][:n]:
             f.write(json.dumps({"id": r["id"], "prompt": r["prompt"]}) + "\n")
 EOF
   serve calib || exit 1
   URL=http://127.0.0.1:$PORT
-  timeout 300 python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device $DEVICE \
+  timeout "$CAL_TIMEOUT" python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device $DEVICE \
     --prompts "$W/prompts-calibration.jsonl" --threshold "$TARGET" --budgets $CAL_BUDGETS --max-new-tokens $CAL_NEW \
     --bin-tokens $BIN --ignore-eos --out "$W/cal/smollm2-8k.json" --no-progress 2>&1 | tee "$OUT/calibrate.log"
-  log "calibrated"
+  [ -f "$W/cal/smollm2-8k.json" ] || { log "calibration did not finish (see calibrate.log)"; stop_server; pack calibration_data.tar.xz "server-calib.log"; exit 1; }
+  log "calibrated: $(tr -d '\n ' < "$W/cal/smollm2-8k.json" | head -c 300)"
   timeout 110 python3 benchmarks/gpu_host/heldout.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
     --prompts "$W/prompts-heldout.jsonl" --target "$TARGET" --total-tokens $TOTAL --per-schedule 4 --bin-tokens $BIN \
     --verify-rollouts 2 --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
