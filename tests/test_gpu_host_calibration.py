@@ -58,7 +58,7 @@ def test_calibrate_heldout_and_throughput_against_a_server(tmp_path, monkeypatch
             monkeypatch.setattr(sys, "argv", ["heldout.py", "--server", server.url, "--model", str(model_dir),
                                               "--schedule", str(out), "--prompts", str(held), "--target", "0.7",
                                               "--total-tokens", str(TOTAL), "--per-schedule", "2", "--bin-tokens", "64",
-                                              "--verify-rollouts", "1", "--device", "cpu",
+                                              "--verify-rollouts", "1", "--verify-new-tokens", "40", "--device", "cpu",
                                               "--out", str(tmp_path / "heldout.json")])
             assert heldout.main() == 0
             res = json.loads((tmp_path / "heldout.json").read_text())

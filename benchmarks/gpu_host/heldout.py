@@ -29,7 +29,7 @@ from sparrow_server.sparsity.schedule import Schedule, budget_tokens, load_sched
 
 BAND = 0.02
 METRIC_PREFIX = "sparrow_acceptance"
-VERIFY_WAIT_S = 120
+VERIFY_WAIT_S = 60
 
 
 def same_cost_budget(schedule: Schedule, prompt_lens: list[int], total: int) -> tuple[int, float]:
@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--per-schedule", type=int, default=4)
     ap.add_argument("--bin-tokens", type=int, default=512)
     ap.add_argument("--verify-rollouts", type=int, default=4, help="live-verified /rollout requests (0: none)")
+    ap.add_argument("--verify-new-tokens", type=int, default=4096, help="generated tokens of each live-verified rollout")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -89,8 +90,7 @@ def main() -> int:
     with SparrowClient(args.server, timeout=1800) as client:
         rows = X.generate(client, X.assign(prompts, [held, matched], args.per_schedule, False), args.total_tokens)
         live = (live_verification(client, calibrated.name, [p for _, p in prompts[:args.verify_rollouts]],
-                                  args.total_tokens - max(len(p) for _, p in prompts[:args.verify_rollouts]))
-                if args.verify_rollouts else None)
+                                  args.verify_new_tokens) if args.verify_rollouts else None)
     gen_s = time.time() - t0
     model = load_model(args.model, device=args.device).model
     tokens_path = args.out.with_suffix(".tokens.npz")

@@ -17,10 +17,12 @@ PORT=31500
 # Sizes (defaults: the GPU plan); ENGINE=reference DEVICE=cpu with small sizes dry-runs stage 4 on a CPU.
 ENGINE="${ENGINE:-sglang}"; DEVICE="${DEVICE:-cuda}"; TOTAL="${TOTAL:-8160}"; CAL_NEW="${CAL_NEW:-8000}"
 CAL_BUDGETS="${CAL_BUDGETS:-256,512,1024,2048}"; BIN="${BIN:-512}"; TP_BATCH="${TP_BATCH:-32}"
-CAL_PROMPTS="${CAL_PROMPTS:-8}"; CAL_TIMEOUT="${CAL_TIMEOUT:-300}"
+CAL_PROMPTS="${CAL_PROMPTS:-8}"; CAL_TIMEOUT="${CAL_TIMEOUT:-300}"; HO_TIMEOUT="${HO_TIMEOUT:-200}"
+DEADLINE="${DEADLINE:-590}"  # seconds this stage may run (the call's timeout_s is 600)
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 log() { echo "[host $STAGE +$(( $(date +%s) - T0 ))s] $*"; }
+left() { local l=$(( DEADLINE - ($(date +%s) - T0) - $1 )); [ "$l" -gt "$2" ] && l=$2; [ "$l" -lt 10 ] && l=10; echo $l; }  # reserve cap
 py() { python3 "$@"; }
 
 if [ -f "$R/.kit/install.sh" ]; then
@@ -102,16 +104,16 @@ for split, n in (("calibration", int(sys.argv[3])), ("heldout", 4)):
 EOF
   serve calib || exit 1
   URL=http://127.0.0.1:$PORT
-  timeout "$CAL_TIMEOUT" python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device $DEVICE \
+  timeout "$(left 200 "$CAL_TIMEOUT")" python3 -m sparrow_server.cli calibrate --server $URL --register $URL --model "$(model_dir)" --device $DEVICE \
     --prompts "$W/prompts-calibration.jsonl" --threshold "$TARGET" --budgets $CAL_BUDGETS --max-new-tokens $CAL_NEW \
     --bin-tokens $BIN --ignore-eos --out "$W/cal/smollm2-8k.json" --no-progress 2>&1 | tee "$OUT/calibrate.log"
   [ -f "$W/cal/smollm2-8k.json" ] || { log "calibration did not finish (see calibrate.log)"; stop_server; pack calibration_data.tar.xz "server-calib.log"; exit 1; }
   log "calibrated: $(tr -d '\n ' < "$W/cal/smollm2-8k.json" | head -c 300)"
-  timeout 110 python3 benchmarks/gpu_host/heldout.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
+  timeout "$(left 90 "$HO_TIMEOUT")" python3 benchmarks/gpu_host/heldout.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
     --prompts "$W/prompts-heldout.jsonl" --target "$TARGET" --total-tokens $TOTAL --per-schedule 4 --bin-tokens $BIN \
-    --verify-rollouts 2 --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
+    --verify-rollouts 2 --verify-new-tokens 4096 --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
   log "held-out done"
-  timeout 100 python3 benchmarks/gpu_host/throughput.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
+  timeout "$(left 15 600)" python3 benchmarks/gpu_host/throughput.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
     --batch $TP_BATCH --total-tokens $TOTAL --out "$W/cal/throughput.json" 2>&1 | tee "$OUT/throughput.log"
   cp "$W/cal/heldout.json" "$W/cal/throughput.json" "$OUT/" 2>/dev/null
   stop_server
