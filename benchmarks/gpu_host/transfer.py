@@ -150,25 +150,13 @@ def assemble(store: Path, out: Path) -> Path:
     return out
 
 
-def sglang_ready(directory: Path) -> Path:
-    """Add the legacy top-level ``rope_theta`` next to transformers 5's ``rope_parameters`` in the
-    converted ``config.json``: model code that reads ``config.rope_theta`` (SGLang's Llama) then gets
-    the model's value instead of its own default. Both keys agree, so transformers loads it as before."""
-    path = directory / "config.json"
-    cfg = json.loads(path.read_text())
-    theta = (cfg.get("rope_parameters") or {}).get("rope_theta")
-    if theta is not None and cfg.get("rope_theta") != theta:
-        cfg["rope_theta"] = theta
-        path.write_text(json.dumps(cfg, indent=2) + "\n")
-    return directory
-
-
 def convert(gguf: Path, cache: Path) -> Path:
-    """The project's converter (dequantise once, save an HF directory) with its cache under ``cache``."""
+    """The project's converter (dequantise once, save an HF directory) with its cache under ``cache``.
+    SGLang 0.5.17's Llama reads transformers 5's ``rope_parameters`` (theta 1e5 here) as is."""
     os.environ["SPARROW_CACHE_DIR"] = str(cache)
     from sparrow_server.models import converted_gguf_dir
 
-    return sglang_ready(converted_gguf_dir(gguf))
+    return converted_gguf_dir(gguf)
 
 
 def tree_bytes(repo: Path) -> int:
