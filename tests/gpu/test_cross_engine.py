@@ -12,10 +12,11 @@ server, measured in the same run. Sparse decode adds two bf16 effects: the same 
 the same layers, and page selections that flip where two pages' scores are within bf16 rounding of
 each other (bf16 keys and landmarks), which changes a few tokens by more. So per sparse schedule:
 median <= 2 x the dense median + 0.01 nats, p99 <= 2 x the dense p99 + 0.1 nats; and the floor
-itself must look like bf16 (dense median <= 0.05, p99 <= 0.5 nats: a wrong rope theta, dtype or
+itself must look like bf16 (dense median <= 0.1, p99 <= 1.0 nats: a wrong rope theta, dtype or
 weight mapping is far above). The test has teeth: re-scoring the 256-token rollouts as if served
 at 1024 tokens must break the tolerance. Selections (eager server with the debug hook, fp32
-landmarks so only bf16 keys/queries differ): mean Jaccard >= 0.9 per (token, layer, KV head); a
+landmarks so only bf16 keys/queries differ): mean Jaccard >= 0.8 per (token, layer, KV head) (one page
+swapped out of 16 is 15/17 = 0.88 for that record); a
 wrong page mapping or head order gives about the budget's share of the pages (<= 0.25 here).
 """
 from __future__ import annotations
@@ -101,7 +102,7 @@ def test_sparse_logprobs_match_the_oracle_within_bf16(rows, oracle):
     (_out() / "cross_engine.json").write_text(json.dumps({"total_tokens": TOTAL, "schedules": result}, indent=1))
     dense = result["dense"]["abs_logprob_diff"]
     print("dense (bf16 floor):", json.dumps(dense))
-    assert dense["median"] <= 0.05 and dense["p99"] <= 0.5, dense
+    assert dense["median"] <= 0.1 and dense["p99"] <= 1.0, dense
     for b in BUDGETS:
         d = result[f"{X.SCHEDULE_PREFIX}{b}"]["abs_logprob_diff"]
         print(f"fixed {b}:", json.dumps(d))
@@ -137,5 +138,5 @@ def test_page_selections_agree_with_the_oracle(model_dir, oracle, tmp_path):
     agree = X.selection_agreement(oracle, rows, records, "cuda")
     (_out() / "cross_engine_selections.json").write_text(json.dumps(agree, indent=1))
     print("selections:", json.dumps({k: v for k, v in agree.items() if k != "agree_share_by_layer"}))
-    assert agree["records"] > 0 and agree["mean_jaccard"] >= 0.9, agree
+    assert agree["records"] > 0 and agree["mean_jaccard"] >= 0.8, agree
     assert np.isfinite(agree["agree_share"])
