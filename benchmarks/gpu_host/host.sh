@@ -17,7 +17,7 @@ PORT=31500
 # Sizes (defaults: the GPU plan); ENGINE=reference DEVICE=cpu with small sizes dry-runs stage 4 on a CPU.
 ENGINE="${ENGINE:-sglang}"; DEVICE="${DEVICE:-cuda}"; TOTAL="${TOTAL:-8160}"; CAL_NEW="${CAL_NEW:-8000}"
 CAL_BUDGETS="${CAL_BUDGETS:-256,512,1024,2048}"; BIN="${BIN:-512}"; TP_BATCH="${TP_BATCH:-32}"
-CAL_PROMPTS="${CAL_PROMPTS:-8}"; CAL_TIMEOUT="${CAL_TIMEOUT:-300}"; HO_TIMEOUT="${HO_TIMEOUT:-200}"
+VERIFY_NEW="${VERIFY_NEW:-4096}"; CAL_PROMPTS="${CAL_PROMPTS:-8}"; CAL_TIMEOUT="${CAL_TIMEOUT:-300}"; HO_TIMEOUT="${HO_TIMEOUT:-200}"
 DEADLINE="${DEADLINE:-590}"  # seconds this stage may run (the call's timeout_s is 600)
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
@@ -111,7 +111,7 @@ EOF
   log "calibrated: $(tr -d '\n ' < "$W/cal/smollm2-8k.json" | head -c 300)"
   timeout "$(left 90 "$HO_TIMEOUT")" python3 benchmarks/gpu_host/heldout.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
     --prompts "$W/prompts-heldout.jsonl" --target "$TARGET" --total-tokens $TOTAL --per-schedule 4 --bin-tokens $BIN \
-    --verify-rollouts 2 --verify-new-tokens 4096 --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
+    --verify-rollouts 2 --verify-new-tokens $VERIFY_NEW --device $DEVICE --out "$W/cal/heldout.json" 2>&1 | tee "$OUT/heldout.log"
   log "held-out done"
   timeout "$(left 15 600)" python3 benchmarks/gpu_host/throughput.py --server $URL --model "$(model_dir)" --schedule "$W/cal/smollm2-8k.json" \
     --batch $TP_BATCH --total-tokens $TOTAL --out "$W/cal/throughput.json" 2>&1 | tee "$OUT/throughput.log"
