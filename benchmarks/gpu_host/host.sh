@@ -56,6 +56,7 @@ stop_server() {
   kill -TERM -- -"$SERVER_PID" 2>/dev/null; sleep 3; kill -KILL -- -"$SERVER_PID" 2>/dev/null; SERVER_PID=
 }
 trap 'stop_server' EXIT
+trap 'stop_server; exit 143' TERM INT  # a setsid server would outlive the call and hold its port
 pack() { tar -C "$W" -cJf "$OUT/$1" "${@:2}" 2>/dev/null; log "packed $1"; }
 
 case "$STAGE" in
@@ -74,9 +75,9 @@ case "$STAGE" in
   py benchmarks/gpu_host/transfer.py convert "$GGUF" --cache "$CACHE" 2>"$W/convert.log" | tail -1 > "$W/model_dir"
   log "converted: $(model_dir)"
   [ -f "$(model_dir)/config.json" ] || { tail -20 "$W/convert.log"; exit 1; }
-  mkdir -p "$W/xe"
+  mkdir -p "$W/xe"  # the test's servers are its fixtures: SIGINT (not TERM) lets pytest stop them on a timeout
   OUT="$W/xe" SPARROW_GPU_MODEL_DIR="$(model_dir)" CROSS_ENGINE_TOTAL=8160 CROSS_ENGINE_PROMPTS=4 \
-    timeout 480 python3 -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cross_engine.py 2>&1 | tee "$OUT/test_cross_engine.log"
+    timeout -s INT 480 python3 -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cross_engine.py 2>&1 | tee "$OUT/test_cross_engine.log"
   cp "$W/xe/cross_engine.json" "$W/xe/cross_engine_selections.json" "$OUT/" 2>/dev/null
   # the calibration target for call 4: the pooled exact p5 of the 1,024-token budget at 8K, rounded down
   py - "$W/xe/cross_engine.json" > "$W/target" <<'EOF'
