@@ -32,7 +32,8 @@ class _SparseContext:
     schedule: Schedule
     prompt_len: int
     budgets: Tensor  # [T] budget pages of the step that processes each position
-    observe: Callable[[int, Tensor, Tensor], None] | None = None  # (layer, q [T, Hq, D], k [T, Hkv, D]) of sparse layers
+    # sees (layer, q [T, Hq, D], k [T, Hkv, D]) of every sparse layer when set
+    observe: Callable[[int, Tensor, Tensor], None] | None = None
 
 
 _CONTEXT: contextvars.ContextVar[_SparseContext | None] = contextvars.ContextVar("sparrow_tf", default=None)

@@ -71,7 +71,8 @@ def _rollouts(model_dir, schedules, per_schedule, total, distinct, name, env=Non
     from sparrow_server.client import SparrowClient
 
     prompts = X.load_prompts(X.DEFAULT_PROMPTS, X.tokenizer_of(model_dir))
-    srv = S.Server(model_dir, smollm2.SERVER_ARGS + list(extra), _out() / f"server-{name}.log", port=PORT, env=env, sparrow=True)
+    srv = S.Server(model_dir, smollm2.SERVER_ARGS + list(extra), _out() / f"server-{name}.log", port=PORT, env=env,
+                   sparrow=True)
     start_s = srv.start(timeout_s=500)
     try:
         with SparrowClient(srv.base, timeout=1800) as client:
