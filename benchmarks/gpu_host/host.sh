@@ -67,6 +67,7 @@ case "$STAGE" in
   store 2
   timeout 500 python3 benchmarks/gpu_host/warmup.py --work "$W" --out "$OUT/warmup.json" 2>&1 | tee "$OUT/warmup.log"
   pack warmup_server.log.tar.xz server-warmup.log
+  [ -f "$OUT/warmup.json" ] || { log "warm-up failed: stop here (see warmup.log and the server log)"; exit 1; }
   ;;
 3)
   store 3
@@ -78,6 +79,7 @@ case "$STAGE" in
   mkdir -p "$W/xe"  # the test's servers are its fixtures: SIGINT (not TERM) lets pytest stop them on a timeout
   OUT="$W/xe" SPARROW_GPU_MODEL_DIR="$(model_dir)" CROSS_ENGINE_TOTAL=8160 CROSS_ENGINE_PROMPTS=4 \
     timeout -s INT 480 python3 -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cross_engine.py 2>&1 | tee "$OUT/test_cross_engine.log"
+  TEST_RC=${PIPESTATUS[0]}
   cp "$W/xe/cross_engine.json" "$W/xe/cross_engine_selections.json" "$OUT/" 2>/dev/null
   # the calibration target for call 4: the pooled exact p5 of the 1,024-token budget at 8K, rounded down
   py - "$W/xe/cross_engine.json" > "$W/target" <<'EOF'
@@ -90,6 +92,7 @@ except (OSError, KeyError, ValueError):
 EOF
   log "calibration target for call 4: $(cat "$W/target")"
   pack cross_engine_data.tar.xz convert.log xe
+  [ "$TEST_RC" = 0 ] || { log "tests/gpu/test_cross_engine.py exited $TEST_RC (results above are kept)"; RC=1; }
   ;;
 4)
   [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
@@ -124,3 +127,4 @@ EOF
 *) echo "stage must be 1-4" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
+exit "${RC:-0}"
