@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -31,6 +32,8 @@ class _SparseContext:
     schedule: Schedule
     prompt_len: int
     budgets: Tensor  # [T] budget pages of the step that processes each position
+    # sees (layer, q [T, Hq, D], k [T, Hkv, D]) of every sparse layer when set
+    observe: Callable[[int, Tensor, Tensor], None] | None = None
 
 
 _CONTEXT: contextvars.ContextVar[_SparseContext | None] = contextvars.ContextVar("sparrow_tf", default=None)
@@ -46,6 +49,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     dense = s.is_dense or module.layer_idx in s.dense_layers
     sparse_from = q.shape[0] if dense else ctx.prompt_len
     scale = scaling if scaling is not None else q.shape[-1] ** -0.5
+    if ctx.observe is not None and not dense:
+        ctx.observe(module.layer_idx, q, k)
     out = sparse_causal_attention(
         q, k, v, ctx.budgets.to(q.device), sparse_from, s.page_size, s.sink_pages, s.recent_pages, scale
     )
@@ -71,14 +76,16 @@ def attention_implementation(model, name: str):
         model.set_attn_implementation(previous)
 
 
-def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: Schedule) -> Tensor:
+def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: Schedule,
+                          observe: Callable[[int, Tensor, Tensor], None] | None = None) -> Tensor:
     """Logits of the sparse actor at every position of one sequence.
 
     input_ids: [T] or [1, T]; prompt_len: tokens prefilled densely. Returns [T, V] float32
-    (row t predicts token t + 1). Gradients flow if enabled by the caller.
+    (row t predicts token t + 1). Gradients flow if enabled by the caller. ``observe(layer, q, k)``,
+    if given, sees each sparse layer's post-RoPE queries and keys (e.g. to recompute its selections).
     """
     ids = input_ids.reshape(1, -1)
-    ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len))
+    ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len), observe)
     token = _CONTEXT.set(ctx)
     try:
         with attention_implementation(model, ATTN_NAME):

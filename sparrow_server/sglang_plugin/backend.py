@@ -27,6 +27,7 @@ from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin import state
 from sparrow_server.sglang_plugin.hooks import ROWS_ATTR
 from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
+from sparrow_server.sglang_plugin.selection_debug import recorder_from_env
 from sparrow_server.sglang_plugin.weight_sync import kv_cache_region
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ class _Step:
     topk: int
     max_count: int
     wrapper: BatchDecodeWithPagedKVCacheWrapper
+    rows: np.ndarray        # host: KV row of each request (for the selection debug hook)
+    lengths: np.ndarray     # host: tokens attended by each request this step
+    real_bs: int
 
 
 class SparrowAttnBackend(FlashInferAttnBackend):
@@ -77,6 +81,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self.step: _Step | None = None
         self._warned: set[str] = set()
+        self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads)  # None unless debugging
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
                     "pages, Pcap %d, rows = request x %d KV heads, G = %d", len(self.landmarks), sorted(dense),
@@ -138,12 +143,15 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             return
         bs = fb.batch_size
         rows, lengths = self._host_inputs(fb, bs, in_capture)
+        real_bs = bs - int(getattr(fb, "num_padding", 0) or 0)
+        if self.selection_recorder is not None:
+            self.selection_recorder.flush()
         schedules = [self.table.schedule_of(int(r)) for r in rows]
         plan = plan_step(schedules, lengths, self.table.prompt_len[rows], self.num_kv_heads, self.page_size,
                          self.topk_cap)
         if not in_capture:
             self.table.record_step(rows, plan.budget_tokens)
-            self._log_step(plan, lengths, bs - int(getattr(fb, "num_padding", 0) or 0))
+            self._log_step(plan, lengths, real_bs)
             if plan.clamped:
                 self.table.clamped_steps += plan.clamped
                 self._warn_once("clamp", f"sparrow: a budget exceeds the top-k cap of {self.topk_cap} pages; "
@@ -182,7 +190,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             wrapper = self.graph_wrappers[bs]
             wrapper.begin_forward(row_indptr, indices, last_page_len, *plan_args, fixed_split_size=None,
                                   disable_split_kv=False, global_override_indptr_cpu=indptr_host, **plan_kwargs)
-        self.step = _Step(plan, fields, row_indptr, indices, scores, topk, max_count, wrapper)
+        self.step = _Step(plan, fields, row_indptr, indices, scores, topk, max_count, wrapper, rows, lengths, real_bs)
 
     # ---- layers -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -211,6 +219,9 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores)
         K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
                            step.row_indptr, self.num_kv_heads, self.page_size, step.indices)
+        if self.selection_recorder is not None:
+            self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
+                                           step.plan.row_indptr, step.indices, self.req_to_token, step.real_bs)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
         o = step.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
                                  logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
