@@ -400,3 +400,22 @@ def test_scheduler_warns_once_about_a_schedule_it_cannot_honour(caplog):
         table.assign(3, ScheduleRegistry().get("dense"), 10)
     assert [r.getMessage() for r in caplog.records if "layers [3]" in r.getMessage()] != []
     assert len([r for r in caplog.records if "odd" in r.getMessage()]) == 1
+
+
+def test_app_is_built_before_sglang_is_up():
+    """serve --engine sglang builds the sparrow app before SGLang's tokenizer manager exists (seen on the
+    GPU host: create_app read engine.info() and the server exited); routes read it per request."""
+    class NotUpYet(FakeRuntime):
+        up = False
+
+        def model_facts(self):
+            if not self.up:
+                raise RuntimeError("SGLang's tokenizer manager is not up yet")
+            return super().model_facts()
+
+    rt = NotUpYet()
+    app = create_app(SGLangEngine(rt), ScheduleRegistry())
+    rt.up = True
+    with TestClient(app) as c:
+        r = c.post("/update_weights_from_tensor", json={})
+    assert r.status_code == 400 and "sglang" in r.json()["message"].lower()

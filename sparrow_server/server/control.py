@@ -229,13 +229,14 @@ def _engine_checksum(per_gpu: str) -> str:
 def _unsupported_weight_routes(app: FastAPI, engine: Engine) -> None:
     """Routes that only an SGLang GPU worker can serve: an explicit 400 saying why (after auth)."""
     admin = [Depends(require_admin)]
-    name = engine.info().engine
 
-    def refusal(message: str):
+    def refusal(reason: str):
+        # engine.info() is read per request: on SGLang it needs the tokenizer manager, which is not up while
+        # the app is built.
         async def refuse():
-            return _failure(message)
+            return _failure(reason.format(engine=engine.info().engine))
         return refuse
 
     for path, reason in (("/update_weights_from_tensor", NO_TENSOR_IPC), ("/init_weights_update_group", NO_NCCL),
                          ("/update_weights_from_distributed", NO_NCCL), ("/destroy_weights_update_group", NO_NCCL)):
-        app.add_api_route(path, refusal(reason.format(engine=name)), methods=["POST"], dependencies=admin)
+        app.add_api_route(path, refusal(reason), methods=["POST"], dependencies=admin)
