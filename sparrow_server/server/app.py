@@ -101,8 +101,9 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
             encode, media = (formats.ndjson, NDJSON) if _wants_ndjson(request) else (formats.sse, SSE)
 
             async def events():
-                async for sample, chunk, delta in service.stream(ro):
-                    yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
+                async with contextlib.aclosing(service.stream(ro)) as stream:  # closing events closes it now
+                    async for sample, chunk, delta in stream:
+                        yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
 
             def error_event(error: dict[str, Any]) -> bytes:
                 return encode({"rid": ro.rid, "error": error, "done": True})
