@@ -7,11 +7,11 @@ Requests and streamed outputs are frozen dataclasses of plain Python values.
 from __future__ import annotations
 
 import abc
-import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.engine import bounds
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 DEFAULT_TEMPERATURE = 1.0
@@ -19,6 +19,7 @@ DEFAULT_TOP_P = 1.0
 DEFAULT_TOP_K = -1  # -1 = no top-k truncation (SGLang's convention)
 DEFAULT_MIN_P = 0.0
 MAX_TOP_LOGPROBS = 20
+MAX_TEMPERATURE = 1e6  # logits / T is then ~0: uniform sampling; larger values say nothing more
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
 
@@ -67,7 +68,7 @@ class DuplicateRequestError(EngineError, ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings of one request. ``temperature == 0`` means greedy."""
+    """Sampling settings of one request. ``temperature == 0`` (or below ``SAMPLING_EPS``) means greedy."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
@@ -84,7 +85,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or below ``SAMPLING_EPS`` (as SGLang: dividing logits by a tiny positive
+        temperature would overflow to non-finite probabilities)."""
+        return self.temperature < bounds.SAMPLING_EPS
 
     @property
     def logprob_temperature(self) -> float:
@@ -93,31 +96,23 @@ class SamplingParams:
 
 
 def _validate_sampling(p: SamplingParams) -> None:
-    def bad(name: str, value: Any, reason: str) -> InvalidRequestError:
-        return InvalidRequestError(f"sampling_params.{name}", value, reason)
+    def check(name: str, value: Any, reason: str | None) -> None:
+        if reason is not None:
+            raise InvalidRequestError(f"sampling_params.{name}", value, reason)
 
-    if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 0:
-        raise bad("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
-    if not _finite(p.temperature) or p.temperature < 0:
-        raise bad("temperature", p.temperature, "must be a finite number >= 0")
-    if not _finite(p.top_p) or not 0.0 < p.top_p <= 1.0:
-        raise bad("top_p", p.top_p, "must be in (0, 1]")
-    if isinstance(p.top_k, bool) or not isinstance(p.top_k, int) or (p.top_k < 1 and p.top_k != -1):
-        raise bad("top_k", p.top_k, "must be -1 (off) or an integer >= 1")
-    if not _finite(p.min_p) or not 0.0 <= p.min_p <= 1.0:
-        raise bad("min_p", p.min_p, "must be in [0, 1]")
-    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int) or p.seed < 0):
-        raise bad("seed", p.seed, "must be a non-negative integer")
+    if not bounds.is_int(p.max_new_tokens) or p.max_new_tokens < 0:
+        check("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
+    check("temperature", p.temperature, bounds.float_reason(p.temperature, 0.0, MAX_TEMPERATURE))
+    check("top_p", p.top_p, bounds.float_reason(p.top_p, 0.0, 1.0, low_open=True))
+    check("top_k", p.top_k, bounds.top_k_reason(p.top_k))
+    check("min_p", p.min_p, bounds.float_reason(p.min_p, 0.0, 1.0))
+    if p.seed is not None:
+        check("seed", p.seed, bounds.seed_reason(p.seed))
     for i, text in enumerate(p.stop):
         if not isinstance(text, str) or not text:
-            raise bad(f"stop[{i}]", text, "must be a non-empty string")
+            check(f"stop[{i}]", text, "must be a non-empty string")
     for i, t in enumerate(p.stop_token_ids):
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise bad(f"stop_token_ids[{i}]", t, "must be a non-negative integer")
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        check(f"stop_token_ids[{i}]", t, bounds.int_reason(t, 0, bounds.MAX_TOKEN_ID, "a token id"))
 
 
 @dataclass(frozen=True)
@@ -147,7 +142,7 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise InvalidRequestError("input_ids", list(self.input_ids), "must not be empty")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+        if not bounds.is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.record_topk < 0:
             raise InvalidRequestError("record_topk", self.record_topk, "must be >= 0")
@@ -280,7 +275,11 @@ class Engine(abc.ABC):
         return ()
 
     def check_schedule(self, schedule: Schedule) -> None:
-        """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: runs any)."""
+        """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: one
+        whose pages are not this engine's)."""
+        page_size = self.info().page_size
+        if schedule.page_size != page_size:
+            raise ScheduleError("page_size", schedule.page_size, f"this server's KV pages hold {page_size} tokens")
 
     def resolve_adapter(self, name: str | None) -> str | None:
         """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""

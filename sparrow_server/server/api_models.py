@@ -1,12 +1,15 @@
-"""Pydantic models of the HTTP edge. Values are checked for type here; ranges are checked by the
-engine dataclasses they convert into (``SamplingParams``, ``GenerationRequest``), so every
-default and every bound is defined once, in ``sparrow_server.engine.base``."""
+"""Pydantic models of the HTTP edge. Values are checked for type here, strictly (``STRICT``: a
+boolean is not an integer, ``2.0`` is not an integer, no NaN or infinity); ranges are checked by
+the engine dataclasses they convert into (``SamplingParams``, ``GenerationRequest``), so every
+default is defined once, in ``sparrow_server.engine.base``, and every bound once, in
+``sparrow_server.engine.bounds``."""
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sparrow_server.engine import bounds
 from sparrow_server.engine.base import (
     DEFAULT_MAX_NEW_TOKENS,
     DEFAULT_MIN_P,
@@ -18,6 +21,7 @@ from sparrow_server.engine.base import (
 )
 
 MAX_N = 64
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # every request model's type rules
 SCHEDULE_CUSTOM_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
 # /generate ``extra_key`` naming the schedule: the router keeps ``extra_key`` but drops custom_params.
 SCHEDULE_EXTRA_KEY_PREFIX = "sparrow_schedule="
@@ -31,7 +35,7 @@ NEUTRAL_SAMPLING = {
 class SamplingParamsIn(BaseModel):
     """SGLang's sampling keys (unknown keys are refused, as SGLang's HTTP contract does)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
@@ -67,6 +71,9 @@ class SamplingParamsIn(BaseModel):
             if value != neutral:
                 raise InvalidRequestError(f"sampling_params.{key}", value, f"is not supported by this server (only {neutral!r})")
         seed = self.seed if self.seed is not None else self.sampling_seed
+        if seed is not None and (reason := bounds.seed_reason(seed, sample_index + 1)) is not None:
+            raise InvalidRequestError("sampling_params.seed" if self.seed is not None else "sampling_params.sampling_seed",
+                                      seed, reason)
         return SamplingParams(
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
             min_p=self.min_p, seed=None if seed is None else seed + sample_index,
@@ -78,7 +85,7 @@ class SamplingParamsIn(BaseModel):
 class RolloutIn(BaseModel):
     """``POST /rollout`` body."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     input_ids: list[int] | None = None
     text: str | None = None
@@ -95,6 +102,7 @@ class RolloutIn(BaseModel):
 
 
 class AbortIn(BaseModel):
+    model_config = STRICT
     rid: str
 
 

@@ -30,6 +30,7 @@ from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
 from sparrow_server.server.limits import Limits, install_limits
+from sparrow_server.server.request_checks import check_json_body
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
@@ -61,7 +62,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
             if service.verifier is not None:
                 service.verifier.close(wait=False)
 
-    app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan, dependencies=[Depends(check_json_body)])
     app.state.service = service
     app.state.engine = engine
     install_error_handlers(app)
