@@ -30,6 +30,7 @@ from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
 from sparrow_server.server.limits import Limits, install_limits
+from sparrow_server.server.openapi import install_openapi
 from sparrow_server.server.request_checks import check_json_body
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
@@ -74,6 +75,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _ops_routes(app, service)
     install_weight_routes(app, engine)
     install_adapter_routes(app, adapters)
+    install_openapi(app)
     return app
 
 
