@@ -114,3 +114,34 @@ def test_raw_socket_reset_mid_stream_aborts(engine):
         wait_until(lambda: not engine.live_requests(), timeout_s=SETTLE_S, what="no live request after resets")
         assert engine.health().free_pages == engine.health().total_pages
         wait_until(lambda: not app.state.admission.active, timeout_s=SETTLE_S, what="slots released")
+
+
+def test_sglang_engine_aborts_its_sglang_requests_when_clients_drop():
+    """The SGLang engine's path: each dropped stream aborts its request in SGLang (the runtime's
+    ``abort``), and the engine forgets it."""
+    from helpers.fake_sglang import FakeRuntime
+    from sparrow_server.sglang_plugin.engine import SGLangEngine
+
+    runtime = FakeRuntime(chunk_tokens=1)
+    runtime.token_delay_s = 0.02  # 200 tokens: 4 s if nobody aborted
+    engine = SGLangEngine(runtime)
+    app = create_app(engine)
+    with live_server(app) as server:
+        barrier = threading.Barrier(CLIENTS)
+        dropped: list[float] = []
+
+        def client(i: int) -> None:
+            body = {"input_ids": [1 + i, 2, 3], "rid": f"drop-{i}", "stream": True,
+                    "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}}
+            barrier.wait(30)
+            _drop_after_events(server.url, "/rollout", body, EVENTS_BEFORE_DROP, dropped)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(dropped) == CLIENTS
+        wait_until(lambda: not engine.live_requests(), timeout_s=SETTLE_S, what="SGLang engine forgot every request")
+        assert sorted(runtime.aborted) == sorted(f"drop-{i}" for i in range(CLIENTS))
+        wait_until(lambda: not app.state.admission.active, timeout_s=SETTLE_S, what="admission slots released")

@@ -200,10 +200,11 @@ async def merge(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[in
 
     async def pump(i: int, stream: AsyncIterator[Any]) -> None:
         try:
-            async for item in stream:
-                taken[i].clear()
-                queue.put_nowait((i, item))
-                await taken[i].wait()
+            async with contextlib.aclosing(stream):  # cancelled while waiting: the stream closes (aborts) too
+                async for item in stream:
+                    taken[i].clear()
+                    queue.put_nowait((i, item))
+                    await taken[i].wait()
             queue.put_nowait((i, exhausted))
         except Exception as exc:  # delivered to the consumer, which re-raises it
             queue.put_nowait((i, exc))
