@@ -295,13 +295,12 @@ class ReferenceEngine(Engine):
         try:
             logits, ctx = self._forward(seqs)
         except Exception as exc:
+            log.exception("decode step of %d request(s) failed", len(seqs))
             if len(seqs) == 1:  # alone already: it is the faulty request
-                log.exception("decode step of request %s failed", seqs[0].rid)
                 self._fail(seqs[0], exc)
                 return
-            log.exception("decode step failed; retrying each of its %d requests alone", len(seqs))
             for seq in seqs:
-                self._guarded([seq], self._decode_step)
+                self._decode_isolated([seq])
             return
         for i, seq in enumerate(seqs):
             self._alone(seq, lambda s, i=i: self._sample_row(s, logits[i], ctx, i))
@@ -321,11 +320,6 @@ class ReferenceEngine(Engine):
         length = seq.table.length + 1
         seq.step_pages = attended_pages(seq.schedule, length, seq.prompt_len)
         seq.step_budget = kv_budget_tokens(seq.schedule, length, seq.prompt_len)
-
-    def _decode_step(self, seqs: list[_Sequence]) -> None:
-        logits, ctx = self._forward(seqs)
-        for i, seq in enumerate(seqs):
-            self._sample_row(seq, logits[i], ctx, i)
 
     def _forward(self, seqs: list[_Sequence]) -> tuple[torch.Tensor, ForwardContext]:
         """The shared part of a decode step: one forward for every request (K/V written, logits out)."""
