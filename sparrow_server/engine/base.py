@@ -19,7 +19,6 @@ DEFAULT_TOP_P = 1.0
 DEFAULT_TOP_K = -1  # -1 = no top-k truncation (SGLang's convention)
 DEFAULT_MIN_P = 0.0
 MAX_TOP_LOGPROBS = 20
-MAX_TEMPERATURE = 1e6  # logits / T is then ~0: uniform sampling; larger values say nothing more
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
 
@@ -102,7 +101,7 @@ def _validate_sampling(p: SamplingParams) -> None:
 
     if not bounds.is_int(p.max_new_tokens) or p.max_new_tokens < 0:
         check("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
-    check("temperature", p.temperature, bounds.float_reason(p.temperature, 0.0, MAX_TEMPERATURE))
+    check("temperature", p.temperature, bounds.float_reason(p.temperature, 0.0, bounds.MAX_TEMPERATURE))
     check("top_p", p.top_p, bounds.float_reason(p.top_p, 0.0, 1.0, low_open=True))
     check("top_k", p.top_k, bounds.top_k_reason(p.top_k))
     check("min_p", p.min_p, bounds.float_reason(p.min_p, 0.0, 1.0))

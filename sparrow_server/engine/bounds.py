@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 SAMPLING_EPS = 1e-6  # a temperature below it samples greedily (SGLang's rule: T -> 1, top_k -> 1)
+MAX_TEMPERATURE = 1e6  # logits / T is then ~0: uniform sampling; larger values say nothing more
 MAX_TOP_K = 1 << 30  # SGLang's TOP_K_ALL: any larger top-k keeps every token anyway
 MAX_SEED = (1 << 64) - 1  # torch and SGLang seeds are unsigned 64-bit (sample i of n uses seed + i)
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids travel as int32 on the SGLang side
@@ -63,5 +64,5 @@ def penalty_reason(name: str, value: Any) -> str | None:
     return float_reason(value, low, high)
 
 
-__all__ = ["SAMPLING_EPS", "MAX_TOP_K", "MAX_SEED", "MAX_TOKEN_ID", "PENALTY_RANGES", "is_int", "is_finite",
+__all__ = ["SAMPLING_EPS", "MAX_TEMPERATURE", "MAX_TOP_K", "MAX_SEED", "MAX_TOKEN_ID", "PENALTY_RANGES", "is_int", "is_finite",
            "int_reason", "float_reason", "top_k_reason", "seed_reason", "penalty_reason"]
