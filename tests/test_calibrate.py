@@ -14,7 +14,7 @@ from helpers.tiny_models import TINY_VOCAB, save_tiny_model
 from sparrow_server.calibrate.pipeline import CalibrationConfig, CalibrationError
 from sparrow_server.calibrate.prompts import PromptError, load_prompts
 from sparrow_server.cli import main
-from sparrow_server.sparsity.schedule import budget_tokens, load_schedule
+from sparrow_server.sparsity.schedule import kv_budget_tokens, load_schedule
 
 BUDGETS = (64, 96, 128)
 BIN_TOKENS = 40
@@ -85,7 +85,7 @@ def test_calibrate_register_and_serve(workdir, server):
     assert body["meta"]["schedule"] == "tiny-cal" and 0 < body["meta"]["acceptance_p5"] <= 1
     for i, budget in enumerate(body["kv_budget_tokens"][1:], start=1):  # token 0 comes from the prefill
         length = len(prompt) + i
-        assert budget == min(budget_tokens(schedule, length), length)
+        assert budget == kv_budget_tokens(schedule, length)
 
 
 def test_calibrate_against_a_running_server(workdir, server):

@@ -60,7 +60,12 @@ def test_sparse_ndjson_equals_recomputation_under_same_selections(client, refere
     assert max(abs(a - b) for a, b in zip(result.logprobs, masked)) < TOL
     dense = teacher_forced_logprobs(reference, PROMPT, result.token_ids, 0.8)
     assert max(abs(a - b) for a, b in zip(result.logprobs, dense)) > 1e-3  # sparsity did change the distribution
-    assert result.meta.schedule == "e2e-sparse" and result.meta.kv_budget_tokens_mean == 64
+    # kv_budget_tokens = tokens attended: the 4 selected pages, the current (partial) one by its real tokens
+    attended = [(len(sel[1][0]) - 1) * 16 + (len(PROMPT) + i - 1) % 16 + 1
+                for i, sel in enumerate(result.selected_pages[1:], start=1)]
+    assert result.meta.schedule == "e2e-sparse" and result.kv_budget_tokens[1:] == attended
+    assert result.meta.kv_budget_tokens_mean == pytest.approx(sum(attended) / len(attended))
+    assert result.meta.kv_budget_tokens_mean < 64  # the old min(budget, length) over-counted partial pages
 
 
 def test_generate_in_sglang_shape(server, reference):

@@ -14,7 +14,7 @@ from sparrow_server.engine.base import (
     ContextLengthError, DuplicateRequestError, GenerationRequest, InvalidRequestError, SamplingParams, UnknownAdapterError,
 )
 from sparrow_server.engine.reference import ReferenceEngine
-from sparrow_server.sparsity.schedule import Schedule, budget_pages, dense_schedule
+from sparrow_server.sparsity.schedule import Schedule, budget_pages, dense_schedule, kv_budget_tokens
 
 PROMPT = tuple((i * 7 + 3) % (TINY_VOCAB - 1) for i in range(100))  # 100 tokens: 7 pages, no EOS
 SPARSE = Schedule(name="tiny-sparse", budgets_tokens=(64,), dense_layers=(0,))
@@ -99,7 +99,10 @@ def test_sparse_schedule_equals_masked_recomputation(arch_engine):
                 assert len(pages) == min(budget_pages(SPARSE, length), n_pages)
                 assert pages[0] == 0 and pages[-2:] == (n_pages - 2, n_pages - 1)  # sink + recent
                 assert list(pages) == sorted(set(pages))
-    assert all(b == 64 for b in out.budgets[1:])
+        # kv_budget_tokens = tokens attended: the selected pages, the current partial one by its real tokens
+        attended = (len(sel[1][0]) - 1) * PAGE_SIZE + (length - 1) % PAGE_SIZE + 1
+        assert out.budgets[i] == attended == kv_budget_tokens(SPARSE, length)
+    assert any(b % PAGE_SIZE for b in out.budgets[1:]), "a partial last page counts its real tokens"
 
 
 def test_batching_does_not_change_results(model_dir):

@@ -7,11 +7,11 @@ Requests and streamed outputs are frozen dataclasses of plain Python values.
 from __future__ import annotations
 
 import abc
-import math
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.engine import bounds
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 DEFAULT_TEMPERATURE = 1.0
@@ -21,7 +21,6 @@ DEFAULT_MIN_P = 0.0
 DEFAULT_FREQUENCY_PENALTY = 0.0
 DEFAULT_PRESENCE_PENALTY = 0.0
 DEFAULT_REPETITION_PENALTY = 1.0  # 1 = off
-PENALTY_BOUND = 2.0  # SGLang 0.5.17 bounds: frequency/presence in [-2, 2], repetition in (0, 2]
 MAX_TOP_LOGPROBS = 20
 DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
@@ -71,7 +70,7 @@ class DuplicateRequestError(EngineError, ValueError):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings of one request. ``temperature == 0`` means greedy."""
+    """Sampling settings of one request. ``temperature == 0`` (or below ``SAMPLING_EPS``) means greedy."""
 
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
@@ -94,7 +93,9 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperature 0, or below ``SAMPLING_EPS`` (as SGLang: dividing logits by a tiny positive
+        temperature would overflow to non-finite probabilities)."""
+        return self.temperature < bounds.SAMPLING_EPS
 
     @property
     def adjusts_logits(self) -> bool:
@@ -109,51 +110,37 @@ class SamplingParams:
 
 
 def _validate_sampling(p: SamplingParams) -> None:
-    def bad(name: str, value: Any, reason: str) -> InvalidRequestError:
-        return InvalidRequestError(f"sampling_params.{name}", value, reason)
+    def check(name: str, value: Any, reason: str | None) -> None:
+        if reason is not None:
+            raise InvalidRequestError(f"sampling_params.{name}", value, reason)
 
-    if isinstance(p.max_new_tokens, bool) or not isinstance(p.max_new_tokens, int) or p.max_new_tokens < 0:
-        raise bad("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
-    if not _finite(p.temperature) or p.temperature < 0:
-        raise bad("temperature", p.temperature, "must be a finite number >= 0")
-    if not _finite(p.top_p) or not 0.0 < p.top_p <= 1.0:
-        raise bad("top_p", p.top_p, "must be in (0, 1]")
-    if isinstance(p.top_k, bool) or not isinstance(p.top_k, int) or (p.top_k < 1 and p.top_k != -1):
-        raise bad("top_k", p.top_k, "must be -1 (off) or an integer >= 1")
-    if not _finite(p.min_p) or not 0.0 <= p.min_p <= 1.0:
-        raise bad("min_p", p.min_p, "must be in [0, 1]")
-    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int) or p.seed < 0):
-        raise bad("seed", p.seed, "must be a non-negative integer")
+    if not bounds.is_int(p.max_new_tokens) or p.max_new_tokens < 0:
+        check("max_new_tokens", p.max_new_tokens, "must be an integer >= 0 (0: score the prompt only)")
+    check("temperature", p.temperature, bounds.float_reason(p.temperature, 0.0, bounds.MAX_TEMPERATURE))
+    check("top_p", p.top_p, bounds.float_reason(p.top_p, 0.0, 1.0, low_open=True))
+    check("top_k", p.top_k, bounds.top_k_reason(p.top_k))
+    check("min_p", p.min_p, bounds.float_reason(p.min_p, 0.0, 1.0))
+    if p.seed is not None:
+        check("seed", p.seed, bounds.seed_reason(p.seed))
     for i, text in enumerate(p.stop):
         if not isinstance(text, str) or not text:
-            raise bad(f"stop[{i}]", text, "must be a non-empty string")
+            check(f"stop[{i}]", text, "must be a non-empty string")
     for i, t in enumerate(p.stop_token_ids):
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise bad(f"stop_token_ids[{i}]", t, "must be a non-negative integer")
-    _validate_penalties(p, bad)
+        check(f"stop_token_ids[{i}]", t, bounds.int_reason(t, 0, bounds.MAX_TOKEN_ID, "a token id"))
+    _validate_penalties(p, check)
 
 
-def _validate_penalties(p: SamplingParams, bad) -> None:
-    def number(x: Any) -> bool:
-        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
+def _validate_penalties(p: SamplingParams, check) -> None:
     for name in ("frequency_penalty", "presence_penalty"):
-        value = getattr(p, name)
-        if not number(value) or not -PENALTY_BOUND <= value <= PENALTY_BOUND:
-            raise bad(name, value, f"must be in [-{PENALTY_BOUND:g}, {PENALTY_BOUND:g}]")
-    if not number(p.repetition_penalty) or not 0.0 < p.repetition_penalty <= PENALTY_BOUND:
-        raise bad("repetition_penalty", p.repetition_penalty, "must be in (0, 2] (1 = off)")
-    if isinstance(p.min_new_tokens, bool) or not isinstance(p.min_new_tokens, int) or p.min_new_tokens < 0:
-        raise bad("min_new_tokens", p.min_new_tokens, "must be an integer >= 0")
+        check(name, getattr(p, name), bounds.penalty_reason(name, getattr(p, name)))
+    # (0, 2], not SGLang's [0, 2]: a repetition penalty of 0 divides the logits by zero
+    low, high = bounds.PENALTY_RANGES["repetition_penalty"]
+    check("repetition_penalty", p.repetition_penalty,
+          bounds.float_reason(p.repetition_penalty, low, high, low_open=True))
+    check("min_new_tokens", p.min_new_tokens, bounds.int_reason(p.min_new_tokens, 0, bounds.MAX_TOKEN_ID))
     for token, bias in p.logit_bias:
-        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-            raise bad("logit_bias", token, "keys must be token ids (non-negative integers)")
-        if not number(bias):
-            raise bad(f"logit_bias.{token}", bias, "must be a finite number")
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+        check("logit_bias", token, bounds.int_reason(token, 0, bounds.MAX_TOKEN_ID, "a token id"))
+        check(f"logit_bias.{token}", bias, None if bounds.is_finite(bias) else "must be a finite number")
 
 
 @dataclass(frozen=True)
@@ -183,7 +170,7 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise InvalidRequestError("input_ids", list(self.input_ids), "must not be empty")
-        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+        if not bounds.is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.record_topk < 0:
             raise InvalidRequestError("record_topk", self.record_topk, "must be >= 0")
@@ -316,7 +303,11 @@ class Engine(abc.ABC):
         return ()
 
     def check_schedule(self, schedule: Schedule) -> None:
-        """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: runs any)."""
+        """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: one
+        whose pages are not this engine's)."""
+        page_size = self.info().page_size
+        if schedule.page_size != page_size:
+            raise ScheduleError("page_size", schedule.page_size, f"this server's KV pages hold {page_size} tokens")
 
     def resolve_adapter(self, name: str | None) -> str | None:
         """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
+import anyio
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -195,14 +196,13 @@ class StreamAborted(Exception):
 async def _until_aborted(slot: StreamSlot, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Items of ``events`` until it ends, the slot's deadline passes or the slot is aborted."""
     abort_wait = asyncio.ensure_future(slot.aborted.wait())
+    step: asyncio.Future | None = None
     try:
         while True:
             step = asyncio.ensure_future(events.__anext__())
             done, _ = await asyncio.wait({step, abort_wait}, timeout=slot.remaining_s(),
                                          return_when=asyncio.FIRST_COMPLETED)
             if step not in done:
-                step.cancel()
-                await asyncio.gather(step, return_exceptions=True)
                 raise StreamAborted(_abort_error(slot))
             try:
                 item = step.result()
@@ -211,6 +211,18 @@ async def _until_aborted(slot: StreamSlot, events: AsyncIterator[bytes]) -> Asyn
             yield item
     finally:
         abort_wait.cancel()
+        if step is not None and not step.done():
+            # Cancelled (client gone, shutdown) or aborted while the next event was being made: the
+            # cancellation runs down to the engine's submit, which aborts the generation now.
+            step.cancel()
+            await settle(step)
+
+
+async def settle(task: asyncio.Future) -> None:
+    """Wait for a cancelled task to finish its cleanup, even inside a cancelled scope (Starlette
+    cancels a streaming response's scope when the client disconnects)."""
+    with anyio.CancelScope(shield=True):
+        await asyncio.gather(task, return_exceptions=True)
 
 
 def _abort_error(slot: StreamSlot) -> dict[str, Any]:
@@ -233,7 +245,7 @@ async def guarded_stream(admission: Admission, slot: StreamSlot, events: AsyncIt
         yield error_event({"type": "engine_error", "message": f"{type(exc).__name__}: {exc}"})
     finally:
         admission.release(slot)
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
             await events.aclose()
 
 
@@ -272,7 +284,7 @@ class GuardedStreamingResponse(StreamingResponse):
         finally:
             close = getattr(self.body_iterator, "aclose", None)
             if close is not None:
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception), anyio.CancelScope(shield=True):
                     await close()
 
 

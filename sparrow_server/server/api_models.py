@@ -1,12 +1,15 @@
-"""Pydantic models of the HTTP edge. Values are checked for type here; ranges are checked by the
-engine dataclasses they convert into (``SamplingParams``, ``GenerationRequest``), so every
-default and every bound is defined once, in ``sparrow_server.engine.base``."""
+"""Pydantic models of the HTTP edge. Values are checked for type here, strictly (``STRICT``: a
+boolean is not an integer, ``2.0`` is not an integer, no NaN or infinity); ranges are checked by
+the engine dataclasses they convert into (``SamplingParams``, ``GenerationRequest``), so every
+default is defined once, in ``sparrow_server.engine.base``, and every bound once, in
+``sparrow_server.engine.bounds``."""
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sparrow_server.engine import bounds
 from sparrow_server.engine.base import (
     DEFAULT_FREQUENCY_PENALTY,
     DEFAULT_MAX_NEW_TOKENS,
@@ -21,6 +24,7 @@ from sparrow_server.engine.base import (
 )
 
 MAX_N = 64
+STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # every request model's type rules
 SCHEDULE_CUSTOM_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
 # /generate ``extra_key`` naming the schedule: the router keeps ``extra_key`` but drops custom_params.
 SCHEDULE_EXTRA_KEY_PREFIX = "sparrow_schedule="
@@ -36,7 +40,7 @@ class SamplingParamsIn(BaseModel):
     """SGLang 0.5.17's sampling keys (unknown keys are refused, as SGLang's HTTP contract does).
     docs/api.md has the field-by-field table."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     max_new_tokens: int | None = DEFAULT_MAX_NEW_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
@@ -86,6 +90,9 @@ class SamplingParamsIn(BaseModel):
         replaces a null ``max_new_tokens`` (the caller knows the room left in the context)."""
         self.check_supported()
         seed = self.seed if self.seed is not None else self.sampling_seed
+        if seed is not None and (reason := bounds.seed_reason(seed, sample_index + 1)) is not None:
+            raise InvalidRequestError("sampling_params.seed" if self.seed is not None else "sampling_params.sampling_seed",
+                                      seed, reason)
         return SamplingParams(
             max_new_tokens=self.max_new_tokens if self.max_new_tokens is not None else max_new_tokens,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -109,7 +116,7 @@ def _token_key(key: str) -> int:
 class RolloutIn(BaseModel):
     """``POST /rollout`` body."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     input_ids: list[int] | None = None
     text: str | None = None
@@ -129,6 +136,7 @@ class AbortIn(BaseModel):
     """SGLang's ``AbortReq``: ``rid`` defaults to "" (matches nothing); ``abort_all`` aborts every
     live request. ``finished_reason``/``abort_message`` are SGLang-internal and accepted unused."""
 
+    model_config = STRICT
     rid: str | None = ""
     abort_all: bool = False
     finished_reason: dict[str, Any] | None = None

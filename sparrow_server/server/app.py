@@ -34,6 +34,8 @@ from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.openai_routes import install_openai_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
 from sparrow_server.server.limits import Limits, install_limits
+from sparrow_server.server.openapi import install_openapi
+from sparrow_server.server.request_checks import check_json_body
 from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
@@ -66,7 +68,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
             if service.verifier is not None:
                 service.verifier.close(wait=False)
 
-    app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan)
+    app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan, dependencies=[Depends(check_json_body)])
     app.state.service = service
     app.state.engine = engine
     install_error_handlers(app)
@@ -80,6 +82,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     install_weight_routes(app, engine)
     install_control_routes(app, service, engine)
     install_adapter_routes(app, adapters)
+    install_openapi(app)
     return app
 
 
@@ -108,8 +111,9 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
             encode, media = (formats.ndjson, NDJSON) if _wants_ndjson(request) else (formats.sse, SSE)
 
             async def events():
-                async for sample, chunk, delta in service.stream(ro):
-                    yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
+                async with contextlib.aclosing(service.stream(ro)) as stream:  # closing events closes it now
+                    async for sample, chunk, delta in stream:
+                        yield encode(formats.rollout_event(ro, sample, chunk, delta, time.monotonic() - ro.started))
 
             def error_event(error: dict[str, Any]) -> bytes:
                 return encode({"rid": ro.rid, "error": error, "done": True})

@@ -2,7 +2,6 @@
 and names the offending field and value (422), the unknown name (404) or the numbers (400)."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,13 +15,15 @@ from sparrow_server.engine.base import (
     UnknownAdapterError,
 )
 from sparrow_server.server.generate_models import UNION_TAGS
+from sparrow_server.server.request_checks import json_safe
 from sparrow_server.sparsity.registry import UnknownScheduleError
 from sparrow_server.sparsity.schedule import ScheduleError
 
 
 def error_response(status: int, kind: str, message: str, **fields: Any) -> JSONResponse:
+    """An error answer; the values it echoes (which may be anything a client sent) are made strict JSON."""
     body = {"error": {"type": kind, "message": message, **fields}, "detail": message}
-    return JSONResponse(status_code=status, content=json.loads(json.dumps(body, default=repr)))
+    return JSONResponse(status_code=status, content=json_safe(body))
 
 
 def _loc(loc: tuple) -> str:

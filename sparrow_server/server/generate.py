@@ -5,6 +5,7 @@ in SGLang's triples. The schedule comes from ``custom_params`` or ``extra_key``;
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
 from typing import Any, AsyncIterator
 
@@ -31,8 +32,9 @@ def install_generate_routes(app: FastAPI, service: RolloutService) -> None:
         slot = await admit(request, *(ro for _, ro in prepared))
         if body.stream:
             async def events() -> AsyncIterator[bytes]:
-                async for k, sample in _stream(service, prepared, offsets):
-                    yield formats.sse(shape(k, sample))
+                async with contextlib.aclosing(_stream(service, prepared, offsets)) as stream:  # closed with events
+                    async for k, sample in stream:
+                        yield formats.sse(shape(k, sample))
                 yield formats.SSE_DONE
 
             def error_event(error: dict[str, Any]) -> bytes:
@@ -108,8 +110,9 @@ def _offsets(prepared: Prepared) -> list[int]:
 
 async def _stream(service: RolloutService, prepared: Prepared, offsets: list[int]) -> AsyncIterator[tuple[int, Any]]:
     """(flat sample index, accumulated sample) per chunk of any prompt's samples."""
-    async for i, (sample, _, _) in merge([service.stream(ro) for _, ro in prepared]):
-        yield offsets[i] + sample.index, sample
+    async with contextlib.aclosing(merge([service.stream(ro) for _, ro in prepared])) as merged:
+        async for i, (sample, _, _) in merged:
+            yield offsets[i] + sample.index, sample
 
 
 async def _collect(service: RolloutService, prepared: Prepared, offsets: list[int]) -> list[tuple[int, Any]]:

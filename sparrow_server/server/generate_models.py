@@ -13,7 +13,7 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from sparrow_server.engine.base import InvalidRequestError
-from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX, SamplingParamsIn
+from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX, STRICT, SamplingParamsIn
 
 NO_PROMPT_LOGPROBS = -1  # SGLang's logprob_start_len default: output logprobs only
 PER_PROMPT_FIELDS = ("sampling_params", "rid", "lora_path", "return_logprob", "logprob_start_len",
@@ -64,7 +64,7 @@ class GenerateIn(BaseModel):
     """Unknown top-level keys are ignored, as SGLang does; SGLang's own keys that this engine does
     not implement are refused (``UNSUPPORTED_GENERATE_KEYS``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", **STRICT)
 
     text: one_or_per_prompt(str, list[str]) | None = None
     input_ids: one_or_per_prompt(list[int], list[list[int]], _tag_of_ids) | None = None

@@ -4,6 +4,7 @@ Engine-agnostic: it only uses the ``Engine`` interface."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -160,20 +161,21 @@ class RolloutService:
         inflight = self.metrics.adapter_inflight.labels(rollout.requests[0].adapter or "")
         inflight.inc(len(samples))
         try:
-            async for i, chunk in merge([self.engine.submit(r) for r in rollout.requests]):
-                sample = samples[i]
-                if sample.first_token_at is None and chunk.token_ids:
-                    sample.first_token_at = time.monotonic()
-                    self.metrics.ttft.labels(rollout.endpoint).observe(sample.first_token_at - rollout.started)
-                sample.add(chunk)
-                if chunk.finish is not None:  # dense verification (waits only when the client asked)
-                    sample.verification = await service_hooks.on_finished(
-                        self.verifier, rollout.requests[i], rollout.schedule, sample, rollout.verify_requested)
-                delta = decoders[i].delta(sample.token_ids)
-                if delta is not None:
-                    sample.text += delta
-                self.metrics.observe_chunk(name, chunk)
-                yield sample, chunk, delta
+            async with contextlib.aclosing(merge([self.engine.submit(r) for r in rollout.requests])) as chunks:
+                async for i, chunk in chunks:
+                    sample = samples[i]
+                    if sample.first_token_at is None and chunk.token_ids:
+                        sample.first_token_at = time.monotonic()
+                        self.metrics.ttft.labels(rollout.endpoint).observe(sample.first_token_at - rollout.started)
+                    sample.add(chunk)
+                    if chunk.finish is not None:  # dense verification (waits only when the client asked)
+                        sample.verification = await service_hooks.on_finished(
+                            self.verifier, rollout.requests[i], rollout.schedule, sample, rollout.verify_requested)
+                    delta = decoders[i].delta(sample.token_ids)
+                    if delta is not None:
+                        sample.text += delta
+                    self.metrics.observe_chunk(name, chunk)
+                    yield sample, chunk, delta
         finally:
             inflight.dec(len(samples))
             elapsed = time.monotonic() - rollout.started
@@ -206,14 +208,20 @@ class RolloutService:
 
 async def merge(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[int, Any]]:
     """Interleave several streams as (stream index, item); closing this iterator cancels (so aborts)
-    all of them. An exception in one stream is re-raised here."""
+    all of them. An exception in one stream is re-raised here. A stream is pulled again only once
+    the consumer has taken its previous item (items may be mutable, e.g. accumulated samples: a
+    stream running ahead would change an item before the consumer reads it)."""
     queue: asyncio.Queue = asyncio.Queue()
     exhausted = object()
+    taken = [asyncio.Event() for _ in streams]
 
     async def pump(i: int, stream: AsyncIterator[Any]) -> None:
         try:
-            async for item in stream:
-                queue.put_nowait((i, item))
+            async with contextlib.aclosing(stream):  # cancelled while waiting: the stream closes (aborts) too
+                async for item in stream:
+                    taken[i].clear()
+                    queue.put_nowait((i, item))
+                    await taken[i].wait()
             queue.put_nowait((i, exhausted))
         except Exception as exc:  # delivered to the consumer, which re-raises it
             queue.put_nowait((i, exc))
@@ -229,6 +237,7 @@ async def merge(streams: Sequence[AsyncIterator[Any]]) -> AsyncIterator[tuple[in
                 remaining -= 1
                 continue
             yield i, item
+            taken[i].set()
     finally:
         for task in tasks:
             task.cancel()

@@ -7,8 +7,8 @@ schedule travels as JSON text in ``sampling_params.custom_params.sparrow_schedul
 schedules registered at run time reach the scheduler), and the plug-in's side table applies it.
 
 Per token, ``kv_budget_tokens`` is what the backend's planner attends at that length
-(``planning.attended_tokens``, the function the backend runs each step, with the same top-k
-cap): token 0 comes from the dense prefill (``None``). Adapters map onto SGLang's LoRA pool
+(``schedule.kv_budget_tokens``, the function the backend's planner and the reference engine
+report, with the backend's top-k cap): token 0 comes from the dense prefill (``None``). Adapters map onto SGLang's LoRA pool
 under their immutable versioned names (``/load_lora_adapter`` semantics; the adapter manager
 drains before unloading).
 """
@@ -23,9 +23,8 @@ from sparrow_server.engine.base import (
     UnknownAdapterError,
 )
 from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
-from sparrow_server.sglang_plugin.planning import attended_tokens
 from sparrow_server.sglang_plugin.state import server_dense_layers
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule, kv_budget_tokens
 
 PAGE_SIZE = 16
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
@@ -101,8 +100,8 @@ class BudgetPlan:
         """Budgets of completion tokens ``start .. start + n - 1`` (token 0: the dense prefill)."""
         if self.schedule is None:
             return ()
-        return tuple(None if j == 0 else attended_tokens(self.schedule, self.prompt_len + j, self.prompt_len,
-                                                         PAGE_SIZE, self.cap) for j in range(start, start + n))
+        return tuple(None if j == 0 else kv_budget_tokens(self.schedule, self.prompt_len + j, self.prompt_len, self.cap)
+                     for j in range(start, start + n))
 
 
 class StreamState:
@@ -196,6 +195,7 @@ class SGLangEngine(Engine):
         """The backend keeps one set of dense layers for every request (``state.server_dense_layers``):
         a schedule that needs another layer dense would silently run it sparse, so it is refused.
         A schedule with fewer dense layers runs with the server's (denser than asked: never less accurate)."""
+        super().check_schedule(schedule)
         missing = sorted(set(schedule.dense_layers) - set(self.dense_layers))
         if missing and not schedule.is_dense:
             raise ScheduleError("dense_layers", list(schedule.dense_layers),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from sparrow_server.sglang_plugin import state
-from sparrow_server.sglang_plugin.side_table import resolve_request_schedule
+from sparrow_server.sglang_plugin.side_table import assign_request
 
 logger = logging.getLogger(__name__)
 
@@ -27,11 +27,7 @@ def after_alloc(result, pool, reqs, *args, **kwargs):
         return None
     table = state.table(int(getattr(pool, "_alloc_size", pool.size + 1)))
     for req in reqs:
-        row = getattr(req, "req_pool_idx", None)
-        if row is None:
-            continue
-        schedule = resolve_request_schedule(req, state.registry(), table.default)
-        table.assign(int(row), schedule, len(getattr(req, "origin_input_ids", ()) or ()))
+        assign_request(table, req, state.registry())
     return None
 
 

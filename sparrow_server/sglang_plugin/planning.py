@@ -11,12 +11,15 @@ so the current (possibly partial) page is last. A dense row (``n <= budget``) is
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from sparrow_server.sparsity.schedule import Schedule, budget_pages
+from sparrow_server.sparsity.schedule import Schedule, attended_pages, budget_pages, kv_budget_tokens
+
+logger = logging.getLogger(__name__)
 
 # Order of the per-request int32 fields in the packed metadata (host and device share it).
 REQUEST_FIELDS = ("n_pages", "count", "sink", "k", "cand_lo", "cand_hi")
@@ -60,20 +63,27 @@ class StepPlan:
 def plan_request(schedule: Schedule, length: int, prompt_len: int, page_size: int, topk_cap_pages: int):
     """(n_pages, count, sink, k, cand_lo, cand_hi, clamped) for one request at ``length`` tokens."""
     n = max(math.ceil(length / page_size), 1)
-    budget = n if schedule.is_dense else budget_pages(schedule, length, prompt_len)
-    if n <= budget:
+    count = attended_pages(schedule, length, prompt_len, topk_cap_pages)
+    if count == n:
         return n, n, n, 0, 0, 0, False
     sink, recent = schedule.sink_pages, schedule.recent_pages
-    k = budget - sink - recent  # >= 1: schedules keep budgets above the reserved pages
-    clamped = k > topk_cap_pages
-    k = min(k, topk_cap_pages)
-    return n, sink + k + recent, sink, k, sink, n - recent, clamped
+    clamped = budget_pages(schedule, length, prompt_len) > count  # the top-k cap cut it
+    k = count - sink - recent  # >= 1: schedules keep budgets above the reserved pages
+    return n, count, sink, k, sink, n - recent, clamped
 
 
-def attended_tokens(schedule: Schedule, length: int, prompt_len: int, page_size: int, topk_cap_pages: int) -> int:
-    """KV tokens a sparse layer attends at ``length`` tokens: what ``plan_step`` reports as ``budget_tokens``."""
-    count = plan_request(schedule, length, prompt_len, page_size, topk_cap_pages)[1]
-    return (count - 1) * page_size + (max(length, 1) - 1) % page_size + 1
+def _plan_one(schedule: Schedule, length: int, prompt_len: int, page_size: int, topk_cap_pages: int):
+    """(plan_request fields, kv_budget_tokens) of one request. A schedule that fails to evaluate
+    plans that request dense (every page: always executable, exact) instead of failing the batch:
+    the step is shared, so one request's schedule must not raise for its neighbours."""
+    try:
+        return (plan_request(schedule, length, prompt_len, page_size, topk_cap_pages),
+                kv_budget_tokens(schedule, length, prompt_len, topk_cap_pages))
+    except Exception:
+        logger.exception("sparrow: schedule %s failed to plan at length %d; this request attends densely",
+                         getattr(schedule, "id", "?"), length)
+        n = max(math.ceil(length / page_size), 1)
+        return (n, n, n, 0, 0, 0, False), max(length, 1)
 
 
 def plan_step(
@@ -87,10 +97,10 @@ def plan_step(
     """Plan a decode step. ``lengths[b]``: KV tokens attended by request ``b`` (current included)."""
     if page_size < 1 or num_kv_heads < 1 or topk_cap_pages < 1:
         raise ValueError(f"page_size={page_size}, num_kv_heads={num_kv_heads}, topk_cap_pages={topk_cap_pages}: must be >= 1")
-    per_req = [
-        plan_request(s, int(length), int(p), page_size, topk_cap_pages)
-        for s, length, p in zip(schedules, lengths, prompt_lens)
-    ]
+    planned = [_plan_one(s, int(length), int(p), page_size, topk_cap_pages)
+               for s, length, p in zip(schedules, lengths, prompt_lens)]
+    per_req = [fields for fields, _ in planned]
+    budget_tok = np.asarray([tokens for _, tokens in planned], dtype=np.int64)
     cols = list(zip(*per_req)) if per_req else [()] * 7
     n_pages, count, sink, k, lo, hi = (np.asarray(c, dtype=np.int32) for c in cols[:6])
     clamped = int(sum(cols[6]))
@@ -98,7 +108,6 @@ def plan_step(
     row_count = np.repeat(count.astype(np.int64), num_kv_heads)
     row_indptr = np.concatenate([[0], np.cumsum(row_count)]).astype(np.int32)
     last = ((np.maximum(lengths, 1) - 1) % page_size + 1).astype(np.int32)
-    budget_tok = (count.astype(np.int64) - 1) * page_size + last.astype(np.int64)
     return StepPlan(
         num_kv_heads=num_kv_heads, n_pages=n_pages, count=count, sink=sink, k=k, cand_lo=lo, cand_hi=hi,
         budget_tokens=budget_tok, row_indptr=row_indptr,

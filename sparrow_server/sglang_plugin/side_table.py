@@ -7,6 +7,7 @@ The table also accumulates the KV budget each row used, for per-request reportin
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any, Mapping
@@ -14,7 +15,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE, CUSTOM_PARAM_SCHEDULE_JSON
-from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
+from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dense_schedule, schedule_from_dict
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,26 @@ def resolve_request_schedule(req: Any, registry: ScheduleRegistry, default: Sche
         if name is not None:
             params = {CUSTOM_PARAM_SCHEDULE: name}
     try:
-        return schedule_from_custom_params(params, registry, default)
-    except (ScheduleError, UnknownScheduleError, ValueError) as exc:
+        schedule = schedule_from_custom_params(params, registry, default)
+        if schedule.page_size != default.page_size:
+            raise ScheduleError("page_size", schedule.page_size, f"this server's pages hold {default.page_size} tokens")
+        return schedule
+    except Exception as exc:  # anything a request sent (deeply nested JSON included) is this request's problem
         logger.warning("request %s: bad sparrow schedule (%s); using %s", getattr(req, "rid", "?"), exc, default.id)
         return default
+
+
+def assign_request(table: ScheduleTable, req: Any, registry: ScheduleRegistry) -> None:
+    """Record a request that got a KV row (the ``ReqToTokenPool.alloc`` hook): its schedule and
+    prompt length. Never raises: the hook runs for a whole batch inside SGLang's scheduler."""
+    row = getattr(req, "req_pool_idx", None)
+    if row is None:
+        return
+    prompt_len = len(getattr(req, "origin_input_ids", ()) or ())
+    try:
+        table.assign(int(row), resolve_request_schedule(req, registry, table.default), prompt_len)
+    except Exception:
+        logger.exception("request %s: could not record its sparrow schedule; row %s runs the default %s",
+                         getattr(req, "rid", "?"), row, table.default.id)
+        with contextlib.suppress(Exception):
+            table.assign(int(row), table.default, prompt_len)

@@ -161,9 +161,9 @@ class ScheduleRegistry:
                 raise ScheduleError(
                     "name", schedule.name, "is already registered with different content (pass replace=True)"
                 )
-            self._user[schedule.name] = schedule
-            if persist:
+            if persist:  # saved first: a failed write leaves nothing registered
                 self._write(schedule)
+            self._user[schedule.name] = schedule
         return schedule
 
     def unregister(self, name: str) -> Schedule:

@@ -1,7 +1,8 @@
 """Sparsity schedules: the KV budget of a request as a function of its length.
 
 A schedule is data (a frozen dataclass), loaded from JSON or YAML and validated at load
-time. ``budget_tokens(schedule, length)`` is the one function every engine calls.
+time. ``budget_tokens(schedule, length)`` is the one budget function every engine calls, and
+``kv_budget_tokens`` the one definition of what a step attends (the reported metric).
 
 Semantics (Sparrow, Zhou et al. 2026):
 - the length axis is cut into bins of ``bin_tokens`` tokens; bin ``i`` covers lengths
@@ -30,6 +31,9 @@ DEFAULT_SINK_PAGES = 1
 DEFAULT_RECENT_PAGES = 2
 DEFAULT_DENSE_LAYERS: tuple[int, ...] = (0, 1)
 LENGTH_BASES = ("total", "generated")
+MAX_SCHEDULE_INT = 1 << 40  # every integer field: far above any context, far below int64 (engines hold them)
+# A name's UTF-8 bytes: "<name>.json" and its temporary ".<name>.XXXXXXXX.tmp" fit a 255-byte file name.
+MAX_NAME_BYTES = 200
 DENSE_SCHEDULE_NAME = "dense"
 
 
@@ -91,6 +95,9 @@ class Schedule:
 def _validate(s: Schedule) -> None:
     if not isinstance(s.name, str) or not s.name or len(s.name) > 128 or not _is_slug(s.name):
         raise ScheduleError("name", s.name, "must be 1-128 characters of letters, digits, '.', '_' or '-'")
+    if len(s.name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ScheduleError("name", s.name, f"is {len(s.name.encode('utf-8'))} bytes in UTF-8; at most {MAX_NAME_BYTES} "
+                                            "(a registered schedule is saved as <name>.json, and file names are short)")
     _check_int("version", s.version, minimum=1)
     _check_int("page_size", s.page_size, minimum=1)
     _check_int("bin_tokens", s.bin_tokens, minimum=1)
@@ -129,10 +136,12 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
         raise ScheduleError(name, value, "must be an integer")
     if value < minimum:
         raise ScheduleError(name, value, f"must be >= {minimum}")
+    if value > MAX_SCHEDULE_INT:
+        raise ScheduleError(name, value, f"must be <= {MAX_SCHEDULE_INT} (2**40)")
 
 
 def _is_slug(text: str) -> bool:
-    return all(c.isalnum() or c in "._-" for c in text)
+    return all((c.isalnum() and c.isprintable()) or c in "._-" for c in text)
 
 
 def budget_tokens(schedule: Schedule, length: int, prompt_len: int = 0) -> int:
@@ -157,6 +166,32 @@ def bin_index(schedule: Schedule, basis_length: int) -> int:
 def budget_pages(schedule: Schedule, length: int, prompt_len: int = 0) -> int:
     """``budget_tokens`` in pages."""
     return budget_tokens(schedule, length, prompt_len) // schedule.page_size
+
+
+def attended_pages(schedule: Schedule, length: int, prompt_len: int = 0, max_topk_pages: int | None = None) -> int:
+    """Pages a sparse layer attends at ``length`` tokens: every page while the sequence fits the
+    budget (attention is dense), else the budget (reserved pages + top-k). ``max_topk_pages``: an
+    engine's cap on the top-k part (the SGLang backend's), None for none. Never more than the
+    sequence's pages, so any budget, however large, is executable."""
+    n_pages = max(math.ceil(length / schedule.page_size), 1)
+    if schedule.is_dense:
+        return n_pages
+    budget = budget_pages(schedule, length, prompt_len)
+    if n_pages <= budget:
+        return n_pages
+    if max_topk_pages is not None:
+        budget = min(budget, schedule.reserved_pages + max_topk_pages)
+    return budget
+
+
+def kv_budget_tokens(schedule: Schedule, length: int, prompt_len: int = 0, max_topk_pages: int | None = None) -> int:
+    """``kv_budget_tokens`` as ``docs/metrics.md`` defines it: the KV tokens a sparse layer attends
+    in a decode step at ``length`` tokens (current token included). The attended pages end with the
+    current page, which counts its real tokens (``length`` when attention is dense). The one
+    definition every engine reports."""
+    page_size = schedule.page_size
+    last_page_tokens = (max(length, 1) - 1) % page_size + 1
+    return (attended_pages(schedule, length, prompt_len, max_topk_pages) - 1) * page_size + last_page_tokens
 
 
 def is_sparse_at(schedule: Schedule, length: int, prompt_len: int = 0) -> bool:
@@ -247,7 +282,8 @@ def dump_schedule(schedule: Schedule) -> str:
 
 
 __all__ = [
-    "Schedule", "ScheduleError", "budget_tokens", "budget_pages", "bin_index", "is_sparse_at",
+    "Schedule", "ScheduleError", "budget_tokens", "budget_pages", "bin_index", "is_sparse_at", "attended_pages",
+    "kv_budget_tokens",
     "dense_schedule", "from_pages_excluding_reserved", "schedule_from_dict", "load_schedule",
     "parse_schedule_text", "dump_schedule", "DENSE_SCHEDULE_NAME",
 ]

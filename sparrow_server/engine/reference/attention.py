@@ -25,7 +25,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable, padded_page_index
-from sparrow_server.sparsity.schedule import Schedule, budget_pages
+from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.selection import (
     masked_decode_attention,
     num_pages,
@@ -48,6 +48,9 @@ class ForwardContext:
     is_prefill: bool
     schedules: list[Schedule] = field(default_factory=list)
     prompt_lens: list[int] = field(default_factory=list)
+    # Per row, the pages a sparse layer attends (``schedule.attended_pages``, evaluated per request
+    # by the engine before the forward, so a schedule that fails there never reaches the batch).
+    budget_pages: list[int] = field(default_factory=list)
     record: list[bool] = field(default_factory=list)
     # Outputs: per row, per layer, the attended pages per KV head (None = dense layer).
     selections: list[dict[int, tuple[tuple[int, ...], ...] | None]] = field(default_factory=list)
@@ -74,8 +77,7 @@ class ForwardContext:
     def sparse_budget(self) -> Tensor:
         """[B] budget in pages of each row at a sparse layer."""
         if self._sparse_budget is None:
-            values = [budget_pages(s, int(n), p) for s, n, p in zip(self.schedules, self.lengths.tolist(), self.prompt_lens)]
-            self._sparse_budget = torch.tensor(values, dtype=torch.long, device=self.lengths.device)
+            self._sparse_budget = torch.tensor(self.budget_pages, dtype=torch.long, device=self.lengths.device)
         return self._sparse_budget
 
 

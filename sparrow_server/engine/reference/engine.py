@@ -36,7 +36,7 @@ from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
-from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, budget_tokens, dense_schedule
+from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, attended_pages, dense_schedule, kv_budget_tokens
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,8 @@ class _Sequence:
     table: PageTable = field(default_factory=PageTable)
     output: list[int] = field(default_factory=list)
     weight_version: str = DEFAULT_WEIGHT_VERSION
+    step_pages: int = 0  # this decode step's attended pages at a sparse layer (``_plan_row``)
+    step_budget: int = 0  # ... and its kv_budget_tokens
 
     @property
     def rid(self) -> str:
@@ -234,7 +236,7 @@ class ReferenceEngine(Engine):
                 self._apply_aborts(aborts)
                 self._admit()
                 if self._running and self.weight_sync.stepping:
-                    self._guarded(self._running, self._decode_step)
+                    self._decode_isolated(list(self._running))
 
     def _apply_aborts(self, rids: set[str]) -> None:
         for seq in [s for s in [*self._waiting, *self._running] if s.rid in rids]:
@@ -265,8 +267,11 @@ class ReferenceEngine(Engine):
         except Exception as exc:  # one bad batch must not take the engine down
             log.exception("engine step failed")
             for seq in list(seqs):
-                if seq.rid in self._live:
-                    self._finish(seq, FinishReason("error", message=f"{type(exc).__name__}: {exc}"), (), ())
+                self._fail(seq, exc)
+
+    def _fail(self, seq: _Sequence, exc: Exception) -> None:
+        if seq.rid in self._live:
+            self._finish(seq, FinishReason("error", message=f"{type(exc).__name__}: {exc}"), (), ())
 
     def _prefill(self, seq: _Sequence) -> None:
         prompt = list(seq.request.input_ids)
@@ -286,24 +291,64 @@ class ReferenceEngine(Engine):
         sampled = self._sample(seq, logits[-1])
         self._emit(seq, sampled, None, None, scored)
 
-    def _decode_step(self, seqs: list[_Sequence]) -> None:
-        seqs = list(seqs)
+    def _decode_isolated(self, seqs: list[_Sequence]) -> None:
+        """One decode step in which no request can hurt another: a failure in one request's own work
+        (its budget, sampling, stop checks) ends that request alone; a failure in the shared forward
+        retries the step with each request alone (writing a token's K/V again is idempotent), so only
+        the request that fails by itself ends. Neighbours get exactly the tokens they would alone."""
+        seqs = [seq for seq in seqs if self._alone(seq, self._plan_row)]
+        if not seqs:
+            return
+        try:
+            logits, ctx = self._forward(seqs)
+        except Exception as exc:
+            log.exception("decode step of %d request(s) failed", len(seqs))
+            if len(seqs) == 1:  # alone already: it is the faulty request
+                self._fail(seqs[0], exc)
+                return
+            for seq in seqs:
+                self._decode_isolated([seq])
+            return
+        for i, seq in enumerate(seqs):
+            self._alone(seq, lambda s, i=i: self._sample_row(s, logits[i], ctx, i))
+
+    def _alone(self, seq: _Sequence, work) -> bool:
+        """Run one request's own part of a step; on an exception end that request with an error."""
+        try:
+            work(seq)
+            return True
+        except Exception as exc:
+            log.exception("request %s failed in its own part of a step", seq.rid)
+            self._fail(seq, exc)
+            return False
+
+    def _plan_row(self, seq: _Sequence) -> None:
+        """Evaluate the request's schedule at this step's length (before the shared forward)."""
+        length = seq.table.length + 1
+        seq.step_pages = attended_pages(seq.schedule, length, seq.prompt_len)
+        seq.step_budget = kv_budget_tokens(seq.schedule, length, seq.prompt_len)
+
+    def _forward(self, seqs: list[_Sequence]) -> tuple[torch.Tensor, ForwardContext]:
+        """The shared part of a decode step: one forward for every request (K/V written, logits out)."""
         for seq in seqs:
             self.cache.allocate(seq.table, seq.table.length + 1)
         lengths = [s.table.length + 1 for s in seqs]
         ctx = ForwardContext(
             self.cache, [s.table for s in seqs], torch.tensor(lengths, device=self.runner.device), is_prefill=False,
             schedules=[s.schedule for s in seqs], prompt_lens=[s.prompt_len for s in seqs],
+            budget_pages=[s.step_pages for s in seqs],
             record=[s.request.return_selected_pages for s in seqs], selections=[{} for _ in seqs],
         )
         logits = self.runner.decode([s.output[-1] for s in seqs], [s.adapter for s in seqs], ctx)
         self.steps += 1
-        for i, seq in enumerate(seqs):
-            seq.table.length = lengths[i]
-            budget = min(budget_tokens(seq.schedule, lengths[i], seq.prompt_len), lengths[i])
-            sampled = self._sample(seq, logits[i])
-            pages = _selection(ctx.selections[i], len(self.cache.k)) if ctx.record[i] else None
-            self._emit(seq, sampled, budget, pages)
+        return logits, ctx
+
+    def _sample_row(self, seq: _Sequence, logits: torch.Tensor, ctx: ForwardContext, i: int) -> None:
+        """One request's own part after the forward: its token, budget and recorded pages."""
+        seq.table.length += 1
+        sampled = self._sample(seq, logits)
+        pages = _selection(ctx.selections[i], len(self.cache.k)) if ctx.record[i] else None
+        self._emit(seq, sampled, seq.step_budget, pages)
 
     def _sample(self, seq: _Sequence, logits: torch.Tensor) -> SampledToken:
         params = seq.request.sampling
