@@ -22,9 +22,10 @@ from torch import Tensor
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
 SCORE_PROGRAMS = 32   # programs per request of ``page_scores`` (each strides over the candidate pages)
-SCORE_BLOCK_P = 16    # pages per tile of ``page_scores``
-SELECT_CHUNK = 512    # scores per tile of ``select_and_write``
-FLOAT_BIG = 3.4028234663852886e38  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
+SCORE_BLOCK_P = 64    # pages per tile of ``page_scores``
+SELECT_ROWS = (512, 4096)  # candidate counts up to which a row's scores are held in registers (two tiers)
+SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
+FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
 @triton.jit
@@ -75,24 +76,21 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
-    h = tl.arange(0, H)
     d = tl.arange(0, D)
-    hd = h[:, None] * D + d[None, :]
-    qs = tl.zeros([H, D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        qs += tl.load(q_ptr + b * H * G * D + (h[:, None] * G + g) * D + d[None, :]).to(tl.float32)
-    qs = qs / G
-    row = out_ptr + (b * H + h).to(tl.int64) * pcap
     for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
         j = start + tl.arange(0, BLOCK_P)
         cand = j < hi
         slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
         page = slot // PS
-        lm = tl.load(lm_ptr + page[:, None, None] * (H * D) + hd[None, :, :], mask=cand[:, None, None], other=0.0)
-        s = tl.sum(lm.to(tl.float32) * qs[None, :, :], axis=2)                     # [BLOCK_P, H]
-        s = tl.where(s != s, -FLOAT_BIG / 2, s)                                    # NaN: lowest candidate
-        s = tl.minimum(tl.maximum(s, -FLOAT_BIG / 2), FLOAT_BIG / 2)
-        tl.store(row[None, :] + j[:, None], s, mask=cand[:, None])
+        for h in tl.static_range(H):
+            qs = tl.zeros([D], dtype=tl.float32)
+            for g in tl.static_range(G):
+                qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+            lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
+            sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
+            sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)                                # NaN: lowest candidate
+            sc = tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
+            tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
 
 
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
@@ -124,7 +122,8 @@ def _ukey(scores_ptr, j, m):
 
 @triton.jit
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
-                   indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, CHUNK: tl.constexpr):
+                   indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
+                   LARGE: tl.constexpr, CHUNK: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -137,46 +136,81 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     start = tl.load(indptr_ptr + r)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     out = out_ptr + start
-    offs = tl.arange(0, CHUNK)
+    offs = tl.arange(0, SMALL)
     # reserved part: sink pages first, recent pages last (current page last); a dense row is all sink
-    for u0 in range(0, cnt - k, CHUNK):
+    for u0 in range(0, cnt - k, SMALL):
         u = u0 + offs
         m = u < cnt - k
         t = tl.where(u < s, u, u + k)
         page = tl.where(u < s, u, n - (cnt - t))
         slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
         tl.store(out + t, slot * H + h, mask=m)
+    scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
-        scores = scores_ptr + r.to(tl.int64) * pcap
-        # k-th largest key, 4 bits per round: thr[c] = prefix + (c + 1) << shift, c = 0..15
-        c16 = tl.arange(0, 16).to(tl.int64)
-        prefix = tl.zeros([], tl.int64)
-        n_gt = tl.zeros([], tl.int32)
-        for rnd in tl.static_range(8):
-            shift = 28 - 4 * rnd
-            thr = prefix + ((c16 + 1) << shift)
-            counts = tl.zeros([16], tl.int32)
-            for j0 in range(lo, hi, CHUNK):
-                j = j0 + offs
-                key = _ukey(scores, j, j < hi)
-                counts += tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
-            sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 holds k
-            prefix = prefix + (sel.to(tl.int64) << shift)
-            n_gt = tl.sum(tl.where(c16 == sel, counts, 0), axis=0)  # keys >= prefix + 1 (last round)
-        # keys above the threshold, then the earliest equal ones; output in page order
-        need = k - n_gt
-        n_eq = tl.zeros([], tl.int32)
-        n_taken = tl.zeros([], tl.int32)
+        if hi - lo <= SMALL:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL)
+        elif hi - lo <= LARGE:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE)
+        else:
+            _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
+
+
+@triton.jit
+def _radix_round(counts, k, prefix, shift):
+    """One 4-bit round of the k-th largest key search: (new prefix, keys >= new prefix + 1 if last round)."""
+    c16 = tl.arange(0, 16).to(tl.int64)
+    sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 (the prefix) holds k
+    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c16 == sel, counts, 0), axis=0)
+
+
+@triton.jit
+def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr):
+    """Top-k of a row of at most ROW candidates, its keys loaded once."""
+    j = lo + tl.arange(0, ROW)
+    key = _ukey(scores, j, j < hi)
+    c16 = tl.arange(0, 16).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(8):
+        shift = 28 - 4 * rnd
+        counts = tl.sum((key[:, None] >= (prefix + ((c16 + 1) << shift))[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift)
+    eq = key == prefix
+    take = (key > prefix) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= k - n_gt))
+    rank = tl.cumsum(take.to(tl.int32), axis=0) - 1
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+
+
+@triton.jit
+def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, CHUNK: tl.constexpr):
+    """Top-k of a longer row: each round streams the row's keys in CHUNK tiles."""
+    offs = tl.arange(0, CHUNK)
+    c16 = tl.arange(0, 16).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(8):
+        shift = 28 - 4 * rnd
+        thr = prefix + ((c16 + 1) << shift)
+        counts = tl.zeros([16], tl.int32)
         for j0 in range(lo, hi, CHUNK):
-            j = j0 + offs
-            key = _ukey(scores, j, j < hi)
-            eq = key == prefix
-            take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-            rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
-            slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-            tl.store(out + s + rank, slot * H + h, mask=take)
-            n_eq += tl.sum(eq.to(tl.int32), axis=0)
-            n_taken += tl.sum(take.to(tl.int32), axis=0)
+            key = _ukey(scores, j0 + offs, j0 + offs < hi)
+            counts += tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift)
+    # keys above the threshold, then the earliest equal ones; output in page order
+    need = k - n_gt
+    n_eq = tl.zeros([], tl.int32)
+    n_taken = tl.zeros([], tl.int32)
+    for j0 in range(lo, hi, CHUNK):
+        j = j0 + offs
+        key = _ukey(scores, j, j < hi)
+        eq = key == prefix
+        take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+        tl.store(out + rank, slot * H + h, mask=take)
+        n_eq += tl.sum(eq.to(tl.int32), axis=0)
+        n_taken += tl.sum(take.to(tl.int32), axis=0)
 
 
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
@@ -191,4 +225,4 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     rows, pcap = scores.shape
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
-                            CHUNK=SELECT_CHUNK, num_warps=8)
+                            SMALL=SELECT_ROWS[0], LARGE=SELECT_ROWS[1], CHUNK=SELECT_CHUNK, num_warps=16)
