@@ -7,8 +7,9 @@ candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages
 - ``page_scores``: decode, per request: the landmark of the page this step completed (folded in),
   then every candidate page's landmark of each KV head dotted with the mean query of that head's
   group, written to ``[cand_lo, cand_hi)`` of the row only.
-- ``select_and_write``: per (request, KV head) row: exact top-k over the candidate scores (16-ary
-  radix search on order-preserving integer keys, ties to the earlier page, as ``select_pages``)
+- ``select_and_write``: per (request, KV head) row: exact top-k over the candidate scores (radix
+  search on order-preserving integer keys, the row held in registers at the smallest of three tile
+  sizes that fits it, ties to the earlier page, as ``select_pages``)
   and the FlashInfer page ids of sink + top-k + recent pages into the decode wrapper's index buffer.
 Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
@@ -23,7 +24,7 @@ from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re
 
 SCORE_PROGRAMS = 32   # programs per request of ``page_scores`` (each strides over the candidate pages)
 SCORE_BLOCK_P = 64    # pages per tile of ``page_scores``
-SELECT_ROWS = (512, 4096)  # candidate counts up to which a row's scores are held in registers (two tiers)
+SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
@@ -123,7 +124,7 @@ def _ukey(scores_ptr, j, m):
 @triton.jit
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
-                   LARGE: tl.constexpr, CHUNK: tl.constexpr):
+                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -149,6 +150,8 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if k > 0:
         if hi - lo <= SMALL:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL)
+        elif hi - lo <= MEDIUM:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM)
         elif hi - lo <= LARGE:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE)
         else:
@@ -156,25 +159,27 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
 
 
 @triton.jit
-def _radix_round(counts, k, prefix, shift):
-    """One 4-bit round of the k-th largest key search: (new prefix, keys >= new prefix + 1 if last round)."""
-    c16 = tl.arange(0, 16).to(tl.int64)
+def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
+    """One round of the k-th largest key search over NT = 2**bits digits: (new prefix, keys >= new
+    prefix + 1, which is the count above the threshold after the last round)."""
+    c = tl.arange(0, NT).to(tl.int64)
     sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 (the prefix) holds k
-    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c16 == sel, counts, 0), axis=0)
+    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c == sel, counts, 0), axis=0)
 
 
 @triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr):
-    """Top-k of a row of at most ROW candidates, its keys loaded once."""
+    """Top-k of a row of at most ROW candidates, its keys loaded once; 2 bits per round (16 rounds of
+    ROW x 4 compares: few registers, one reduction per round)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
-    c16 = tl.arange(0, 16).to(tl.int64)
+    c4 = tl.arange(0, 4).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
-    for rnd in tl.static_range(8):
-        shift = 28 - 4 * rnd
-        counts = tl.sum((key[:, None] >= (prefix + ((c16 + 1) << shift))[None, :]).to(tl.int32), axis=0)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift)
+    for rnd in tl.static_range(16):
+        shift = 30 - 2 * rnd
+        counts = tl.sum((key[:, None] >= (prefix + ((c4 + 1) << shift))[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 4)
     eq = key == prefix
     take = (key > prefix) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= k - n_gt))
     rank = tl.cumsum(take.to(tl.int32), axis=0) - 1
@@ -196,7 +201,7 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
         for j0 in range(lo, hi, CHUNK):
             key = _ukey(scores, j0 + offs, j0 + offs < hi)
             counts += tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 16)
     # keys above the threshold, then the earliest equal ones; output in page order
     need = k - n_gt
     n_eq = tl.zeros([], tl.int32)
@@ -225,4 +230,5 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     rows, pcap = scores.shape
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
-                            SMALL=SELECT_ROWS[0], LARGE=SELECT_ROWS[1], CHUNK=SELECT_CHUNK, num_warps=16)
+                            SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
+                            num_warps=8)
