@@ -149,11 +149,11 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 2)
         elif hi - lo <= MEDIUM:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 2)
         elif hi - lo <= LARGE:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 1)
         else:
             _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
 
@@ -168,18 +168,19 @@ def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
 
 
 @triton.jit
-def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr):
-    """Top-k of a row of at most ROW candidates, its keys loaded once; 2 bits per round (16 rounds of
-    ROW x 4 compares: few registers, one reduction per round)."""
+def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+                       BITS: tl.constexpr):
+    """Top-k of a row of at most ROW candidates, its keys loaded once; BITS per round (32 / BITS rounds
+    of ROW x 2**BITS compares, one reduction each: few registers)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
-    c4 = tl.arange(0, 4).to(tl.int64)
+    c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
-    for rnd in tl.static_range(16):
-        shift = 30 - 2 * rnd
-        counts = tl.sum((key[:, None] >= (prefix + ((c4 + 1) << shift))[None, :]).to(tl.int32), axis=0)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift, 4)
+    for rnd in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (rnd + 1)
+        counts = tl.sum((key[:, None] >= (prefix + ((c + 1) << shift))[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
     eq = key == prefix
     take = (key > prefix) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= k - n_gt))
     rank = tl.cumsum(take.to(tl.int32), axis=0) - 1
