@@ -22,8 +22,8 @@ from torch import Tensor
 
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
-SCORE_PROGRAMS = 32   # programs per request of ``page_scores`` (each strides over the candidate pages)
-SCORE_BLOCK_P = 64    # pages per tile of ``page_scores``
+SCORE_PROGRAMS = 64   # programs per request of ``page_scores`` (each strides over the candidate pages)
+SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
@@ -153,7 +153,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
         elif hi - lo <= MEDIUM:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 2)
         elif hi - lo <= LARGE:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 1)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 2)
         else:
             _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
 
