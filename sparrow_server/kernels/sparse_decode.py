@@ -232,4 +232,4 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                             SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                            num_warps=8)
+                            num_warps=16)
