@@ -20,6 +20,7 @@ import random
 import re
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -139,8 +140,6 @@ def profile_backend(backend, size, args, schedule, work_dir, out_dir) -> dict:
     try:
         rng = random.Random(0)
         S.generate(srv.base, T.random_ids(rng, 2, 512), 8)
-        import threading
-
         th = threading.Thread(target=S.generate, args=(srv.base, T.random_ids(rng, args.batch, args.context),
                                                        args.gen_len), daemon=True)
         off = srv.log_offset()

@@ -15,7 +15,6 @@ Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
