@@ -3,10 +3,10 @@
 One command runs, per model size, the stock server then the sparrow server on dummy weights and
 writes ``<out-dir>/sglang_throughput.json`` (schema of issue 9) plus the servers' raw logs:
 
-- ``decode_ctx``: ``batch`` requests of ``context`` prompt tokens, ``gen_len`` new tokens
-  (ignore_eos); tokens/s is the median decode throughput the server logs for steps with all
-  ``batch`` requests running (client-side decode timing includes the prefill and is recorded
-  for reference);
+- ``decode_ctx``: for each ``CONTEXTxBATCH`` of ``--decode``, ``batch`` requests of ``context``
+  prompt tokens, ``gen_len`` new tokens (ignore_eos); tokens/s is the median decode throughput the
+  server logs for steps with all ``batch`` requests running (client-side decode timing includes
+  the prefill and is recorded for reference);
 - ``rollout``: ``rollout_requests`` requests of ``rollout_prompt`` tokens generating
   ``rollout_gen`` tokens each (temperature 1, ignore_eos); output tokens / wall seconds.
 Each run also records the memory-roofline ratio (dense bytes / sparse bytes per step, weights +
@@ -41,10 +41,7 @@ from sparrow_server.sparsity.schedule import dense_schedule  # noqa: E402
 DEC_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 MAXTOK_RE = re.compile(r"max_total_num_tokens=(\d+)")
 SERVER_ARGS = ["--load-format", "dummy", "--page-size", "16", "--mem-fraction-static", "0.85",
-               "--cuda-graph-max-bs", "32", "--max-running-requests", "32", "--disable-radix-cache",
-               "--cuda-graph-backend-prefill", "disabled", "--chunked-prefill-size", "16384"]
-# Pcap (pages per request the static top-k spans) follows the context length: keep it near the workload.
-CONTEXT_MARGIN = 512
+               "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--chunked-prefill-size", "16384"]
 
 
 def server_decode_tok_s(log: Path, offset: int, batch: int) -> tuple[float | None, int]:
@@ -69,9 +66,7 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     env = {"SPARROW_DEFAULT_SCHEDULE": schedule.name,
            "SPARROW_TOPK_CAP_TOKENS": str(max(schedule.budgets_tokens))}
     log = out_dir / f"server-{size}-{backend}.log"
-    ctx_len = max(args.contexts + [args.rollout_prompt + args.rollout_gen]) + CONTEXT_MARGIN
-    srv = S.Server(model_dir, SERVER_ARGS + ["--attention-backend", backend, "--context-length", str(ctx_len)], log,
-                   port=30100, env=env)
+    srv = S.Server(model_dir, server_flags(args) + ["--attention-backend", backend], log, port=30100, env=env)
     res = {}
     start_s = srv.start()
     deadline = float("inf") if share_s is None else time.time() + (share_s - 2 * start_s) / 2 - 15
@@ -80,28 +75,29 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
         res["server"] = {"start_s": round(start_s, 1), "max_total_num_tokens": int(m.group(1)) if m else None}
         print(f"[{size} {backend}] healthy after {start_s:.0f} s; {res['server']}", flush=True)
         S.generate(srv.base, random_ids(rng, 4, 512), 16, temperature=1.0)  # warm-up
-        for ctx in args.contexts:
-            if only is not None and ("decode_ctx", ctx) not in only:
+        for ctx, batch in args.decode:
+            if only is not None and ("decode_ctx", ctx, batch) not in only:
                 continue  # the dense run skipped it: keep the comparison like for like
             if only is None and time.time() > deadline:
-                print(f"[{size} {backend}] skip decode_ctx {ctx}: out of time", flush=True)
+                print(f"[{size} {backend}] skip decode_ctx {ctx}x{batch}: out of time", flush=True)
                 continue
             off = srv.log_offset()
             t0 = time.time()
-            outs = S.generate(srv.base, random_ids(rng, args.batch, ctx), args.gen_len, temperature=1.0)
+            outs = S.generate(srv.base, random_ids(rng, batch, ctx), args.gen_len, temperature=1.0)
             dt = time.time() - t0
-            tok_s, lines = server_decode_tok_s(log, off, args.batch)
-            res[("decode_ctx", ctx)] = {"server_tok_s": tok_s, "log_lines": lines, "wall_s": round(dt, 2),
-                                        "out_tokens": sum(len(o["output_ids"]) for o in outs)}
-            print(f"[{size} {backend}] decode_ctx {ctx}: {res[('decode_ctx', ctx)]}", flush=True)
-        if args.rollout_gen and (("rollout", args.rollout_prompt) in only if only is not None else time.time() < deadline):
+            tok_s, lines = server_decode_tok_s(log, off, batch)
+            res[("decode_ctx", ctx, batch)] = {"server_tok_s": tok_s, "log_lines": lines, "wall_s": round(dt, 2),
+                                               "out_tokens": sum(len(o["output_ids"]) for o in outs)}
+            print(f"[{size} {backend}] decode_ctx {ctx}x{batch}: {res[('decode_ctx', ctx, batch)]}", flush=True)
+        key = ("rollout", args.rollout_prompt, args.rollout_requests)
+        if args.rollout_gen and (key in only if only is not None else time.time() < deadline):
             t0 = time.time()
             outs = S.generate(srv.base, random_ids(rng, args.rollout_requests, args.rollout_prompt), args.rollout_gen,
                               temperature=1.0, timeout=3600)
             dt = time.time() - t0
             n = sum(len(o["output_ids"]) for o in outs)
-            res[("rollout", args.rollout_prompt)] = {"tok_s": n / dt, "wall_s": round(dt, 2), "out_tokens": n}
-            print(f"[{size} {backend}] rollout: {res[('rollout', args.rollout_prompt)]}", flush=True)
+            res[key] = {"tok_s": n / dt, "wall_s": round(dt, 2), "out_tokens": n}
+            print(f"[{size} {backend}] rollout: {res[key]}", flush=True)
     finally:
         srv.stop()
     return res, cfg
@@ -117,11 +113,40 @@ def roofline_ratio(cfg, size, schedule, workload, context, batch, gen_len, promp
     return float(np.sum(d.total) / np.sum(s.total))
 
 
+def server_flags(args) -> list[str]:
+    """SGLang flags of every server in this run (dense and sparse alike)."""
+    return SERVER_ARGS + ["--context-length", str(args.context_length), "--max-running-requests",
+                          str(args.max_running_requests), "--cuda-graph-max-bs", str(args.cuda_graph_max_bs),
+                          *args.server_args]
+
+
+def make_run(key, per, cfg, size, schedule, args) -> dict:
+    """One JSON run; a backend missing from this command (a split run) leaves its tok/s at None."""
+    workload, ctx, batch = key
+    rollout = workload == "rollout"
+    field = "tok_s" if rollout else "server_tok_s"
+    tok = {b: (round(per[b][key][field], 1) if b in per and per[b].get(key, {}).get(field) else None)
+           for b in ("flashinfer", "sparrow")}
+    run = {"model": size, "workload": workload, "context": None if rollout else ctx, "prompt_len": ctx,
+           "gen_len": args.rollout_gen if rollout else args.gen_len, "batch": batch, "schedule": schedule.name,
+           "context_length": args.context_length, "dense_tok_s": tok["flashinfer"], "sparse_tok_s": tok["sparrow"]}
+    run["speedup"] = round(run["sparse_tok_s"] / run["dense_tok_s"], 3) if None not in tok.values() else None
+    run["roofline_ratio"] = round(roofline_ratio(cfg, size, schedule, workload, ctx, batch, run["gen_len"],
+                                                 ctx if rollout else 0), 3)
+    run["dense_detail"], run["sparse_detail"] = per.get("flashinfer", {}).get(key), per.get("sparrow", {}).get(key)
+    return run
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="qwen3-1.7b")
-    ap.add_argument("--contexts", default="8192,16384,32768")
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--decode", default="16384x16,32768x16", help="CONTEXTxBATCH,... decode workloads")
+    ap.add_argument("--context-length", type=int, default=40960, help="--context-length of both servers")
+    ap.add_argument("--max-running-requests", type=int, default=64)
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=64)
+    ap.add_argument("--server-args", default="", help="extra SGLang flags, the same for both servers")
+    ap.add_argument("--backends", default="flashinfer,sparrow",
+                    help="flashinfer,sparrow (one run, like for like) or one of them (a split run)")
     ap.add_argument("--gen-len", type=int, default=256)
     ap.add_argument("--rollout-requests", type=int, default=32)
     ap.add_argument("--rollout-prompt", type=int, default=1024)
@@ -131,7 +156,8 @@ def main() -> int:
     ap.add_argument("--note", default="")
     ap.add_argument("--out-dir", default=".")
     args = ap.parse_args()
-    args.contexts = [int(c) for c in args.contexts.split(",") if c]
+    args.decode = [tuple(int(x) for x in w.split("x")) for w in args.decode.split(",") if w]
+    args.server_args = args.server_args.split()
     t_start = time.time()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -141,35 +167,27 @@ def main() -> int:
     import sglang
 
     result = {"device": torch.cuda.get_device_name(), "sglang_version": sglang.__version__,
-              "command": " ".join(sys.argv), "note": args.note, "runs": []}
+              "command": " ".join(sys.argv), "note": args.note, "context_length": args.context_length,
+              "max_running_requests": args.max_running_requests, "flags": server_flags(args), "runs": []}
+    backends = args.backends.split(",")
     registry = ScheduleRegistry()
     sizes = args.sizes.split(",")
     for i, size in enumerate(sizes):
         schedule = registry.get(f"{size}-{args.schedule_suffix}")
         per = {}
-        # The dense run gets half of this size's share of the time budget net of the two server starts;
-        # the sparse run then does exactly the workloads the dense run finished.
+        # The first run gets half of this size's share of the time budget net of the two server starts;
+        # the second then does exactly the workloads the first finished.
         share = (args.time_budget_s - (time.time() - t_start)) / (len(sizes) - i)
-        per["flashinfer"], cfg = run_backend(size, "flashinfer", work_dir, out_dir, args, schedule, share_s=share)
-        done = {k for k in per["flashinfer"] if isinstance(k, tuple)}
-        per["sparrow"], _ = run_backend(size, "sparrow", work_dir, out_dir, args, schedule, only=done)
-        keys = [k for k in per["flashinfer"] if isinstance(k, tuple) and k in per["sparrow"]]
-        for workload, ctx in keys:
-            d, s = per["flashinfer"][(workload, ctx)], per["sparrow"][(workload, ctx)]
-            rollout = workload == "rollout"
-            run = {"model": size, "workload": workload, "context": None if rollout else ctx,
-                   "prompt_len": ctx if rollout else ctx,
-                   "gen_len": args.rollout_gen if rollout else args.gen_len,
-                   "batch": args.rollout_requests if rollout else args.batch, "schedule": schedule.name,
-                   "dense_tok_s": round(d["tok_s" if rollout else "server_tok_s"] or 0, 1),
-                   "sparse_tok_s": round(s["tok_s" if rollout else "server_tok_s"] or 0, 1)}
-            run["speedup"] = round(run["sparse_tok_s"] / run["dense_tok_s"], 3) if run["dense_tok_s"] else None
-            run["roofline_ratio"] = round(roofline_ratio(cfg, size, schedule, workload, ctx, run["batch"],
-                                                         run["gen_len"], ctx if rollout else 0), 3)
-            run["dense_detail"], run["sparse_detail"] = d, s
-            result["runs"].append(run)
-            print(f"== {size} {workload} ctx={ctx}: dense {run['dense_tok_s']} tok/s, sparse {run['sparse_tok_s']} "
-                  f"tok/s, speedup {run['speedup']}x, memory roofline {run['roofline_ratio']}x", flush=True)
+        done = None
+        for j, backend in enumerate(backends):
+            per[backend], cfg = run_backend(size, backend, work_dir, out_dir, args, schedule,
+                                            share_s=share if j == 0 and len(backends) > 1 else None, only=done)
+            done = {k for k in per[backend] if isinstance(k, tuple)}
+        for key in sorted(done):
+            result["runs"].append(make_run(key, per, cfg, size, schedule, args))
+            r = result["runs"][-1]
+            print(f"== {size} {key}: dense {r['dense_tok_s']} tok/s, sparse {r['sparse_tok_s']} tok/s, "
+                  f"speedup {r['speedup']}x, memory roofline {r['roofline_ratio']}x", flush=True)
         result["servers"] = result.get("servers", {}) | {f"{size}/{b}": per[b].get("server") for b in per}
         (out_dir / "sglang_throughput.json").write_text(json.dumps(result, indent=1))
     print(f"total {time.time() - t_start:.0f} s", flush=True)

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
     p.add_argument("--peak-tflops", type=float, default=None, help="override the bf16 matmul ceiling (TFLOP/s)")
     p.add_argument("--hbm-tbps", type=float, default=None, help="override the memory bandwidth (TB/s)")
     p.add_argument("--step-overhead-ms", type=float, default=None,
-                   help="fixed time added to every decode step (default 0: pure roofline; see docs/cost-model.md)")
+                   help="fixed time added to every decode step (default: the hardware preset's fitted value; "
+                        "see docs/cost-model.md)")
     p.add_argument("--persist-dir", default=None, help="folder of registered schedules to resolve names from")
     p.add_argument("--json", action="store_true", help="print JSON (has predicted_speedup)")
     p.set_defaults(func=run)
@@ -58,6 +59,8 @@ def run(args) -> int:
             step_overhead_s=args.step_overhead_ms / 1e3 if args.step_overhead_ms is not None else None,
         )
         est = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware, args.batch)
+        roof = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware.roofline(),
+                                args.batch)
     except (ModelShapeError, ScheduleError, UnknownScheduleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -65,12 +68,13 @@ def run(args) -> int:
     paper = paper_cost(model, hardware, round(mean_budget), args.prompt_len, args.gen_len, args.samples, schedule.page_size)
     result = {
         "predicted_speedup": est.speedup,
+        "roofline_speedup": roof.speedup,
         "model": {"name": model.name, "params": model.params, "layers": model.num_layers,
                   "kv_heads": model.num_kv_heads, "gqa_ratio": model.gqa_ratio,
                   "kv_bytes_per_token": model.kv_bytes_per_token},
         "hardware": {"name": hardware.name, "peak_flops": hardware.peak_flops,
                      "mem_bytes_per_s": hardware.mem_bytes_per_s, "step_overhead_s": hardware.step_overhead_s,
-                     "source": hardware.source},
+                     "sparse_layer_request_s": hardware.sparse_layer_request_s, "source": hardware.source},
         "schedule": schedule.id,
         "prompt_len": args.prompt_len, "gen_len": args.gen_len, "samples": args.samples, "batch": args.batch,
         "prefill_s": est.prefill_s,
@@ -86,8 +90,9 @@ def run(args) -> int:
         return 0
     print(f"{model.name} on {hardware.name}, schedule {schedule.id}: prompt {args.prompt_len}, "
           f"generate {args.gen_len} x {args.samples} samples, decode batch {args.batch}")
-    print(f"  predicted rollout speedup   {est.speedup:.2f}x   (roofline; "
-          f"paper's equivalent-FLOP formula at the mean budget {mean_budget:.0f}: {paper.speedup:.2f}x)")
+    print(f"  predicted rollout speedup   {est.speedup:.2f}x   (fitted per-step costs; pure byte roofline "
+          f"{roof.speedup:.2f}x; paper's equivalent-FLOP formula at the mean budget {mean_budget:.0f}: "
+          f"{paper.speedup:.2f}x)")
     print(f"  dense   {est.dense_tokens_per_s:10.0f} tok/s per GPU   decode {est.dense_decode_s:.2f} s/sample")
     print(f"  sparse  {est.sparse_tokens_per_s:10.0f} tok/s per GPU   decode {est.sparse_decode_s:.2f} s/sample")
     print(f"  prefill {est.prefill_s:.3f} s per prompt (dense, shared by the samples)")

@@ -9,7 +9,9 @@ step of ``batch`` requests that each attend ``L`` tokens (prompt + generated, cu
 - bytes per step: the weights once (``matmul_params * weight_bytes``, shared by the batch) + per
   request the KV read: dense layers ``L`` tokens, sparse layers ``A`` tokens, both at
   ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` bf16 each;
-- time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) (+ ``Hardware.step_overhead_s``, 0 by default).
+- time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) + ``Hardware.step_overhead_s`` (+ ``batch *
+  sparse layers * Hardware.sparse_layer_request_s`` when the step selects pages): the presets carry per-step costs
+  fitted to measured SGLang decode; ``Hardware.roofline()`` zeroes them (the pure roofline).
 
 A sparse layer keeps ``budget_pages`` pages including the partial last one, so
 ``A = (budget_pages - 1) * ps + last_page_len``; it scores the ``n_pages - recent_pages`` pages
@@ -141,10 +143,13 @@ def step_flops_and_bytes(
 
 
 def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0):
-    """Roofline time of decode steps of ``batch`` requests at each length, plus the hardware's fixed
-    per-step overhead: [S] -> [S] seconds."""
+    """Roofline time of decode steps of ``batch`` requests at each length, plus the hardware's fitted
+    per-step costs: [S] -> [S] seconds."""
     flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
-    return np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s) + hardware.step_overhead_s
+    roofline = np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
+    selecting = nbytes.landmarks > 0  # the step scores landmarks: the sparse path's own kernels run
+    sparse_rows = batch * _sparse_layer_count(model, schedule) * selecting
+    return roofline + hardware.step_overhead_s + hardware.sparse_layer_request_s * sparse_rows
 
 
 def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> float:

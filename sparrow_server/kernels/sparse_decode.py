@@ -1,37 +1,54 @@
 """Triton kernels of block-sparse decode (CUDA-graph safe: grids depend only on static sizes).
 
-- ``update_landmarks``: mean key of the page holding each written slot (fp32 accumulation).
-- ``page_scores``: fused gather + dot: for each request and candidate page, the landmark of every
-  KV head dotted with the mean query of that head's group; ``-inf`` elsewhere.
-- ``write_indices``: per (request, KV head) row, the FlashInfer page ids of sink + top-k + recent
-  pages into the decode wrapper's index buffer.
+Work follows each request's own page count, read on the device: loops run over the request's
+candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages).
+
+- ``update_landmarks``: mean key of the page holding each written slot (fp32 accumulation); prefill.
+- ``page_scores``: decode, per request: the landmark of the page this step completed (folded in),
+  then every candidate page's landmark of each KV head dotted with the mean query of that head's
+  group, written to ``[cand_lo, cand_hi)`` of the row only.
+- ``select_and_write``: per (request, KV head) row: exact top-k over the candidate scores (radix
+  search on order-preserving integer keys, the row held in registers at the smallest of three tile
+  sizes that fits it, ties to the earlier page, as ``select_pages``)
+  and the FlashInfer page ids of sink + top-k + recent pages into the decode wrapper's index buffer.
 Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
+SCORE_PROGRAMS = 64   # programs per request of ``page_scores`` (each strides over the candidate pages)
+SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
+SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
+SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
+FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
+
+
+@triton.jit
+def _page_mean(k_ptr, lm_ptr, loc, mask, HD: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
+    """Landmark (mean key, fp32 accumulation) of the page holding slot ``loc``."""
+    page = loc // PS
+    offs = tl.arange(0, BLOCK)
+    m = mask & (offs < HD)
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    base = k_ptr + page * PS * HD
+    for t in tl.static_range(PS):
+        acc += tl.load(base + t * HD + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(lm_ptr + page * HD + offs, (acc / PS).to(lm_ptr.dtype.element_ty), mask=m)
+
 
 @triton.jit
 def _landmark_kernel(k_ptr, loc_ptr, lm_ptr, HD: tl.constexpr, PS: tl.constexpr, ONLY_FULL: tl.constexpr,
                      BLOCK: tl.constexpr):
-    i = tl.program_id(0)
-    loc = tl.load(loc_ptr + i).to(tl.int64)
-    page = loc // PS
-    offs = tl.arange(0, BLOCK)
-    mask = offs < HD
+    loc = tl.load(loc_ptr + tl.program_id(0)).to(tl.int64)
     if ONLY_FULL:
-        mask = mask & ((loc % PS) == PS - 1)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    base = k_ptr + page * PS * HD
-    for t in tl.static_range(PS):
-        acc += tl.load(base + t * HD + offs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(lm_ptr + page * HD + offs, (acc / PS).to(lm_ptr.dtype.element_ty), mask=mask)
+        _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, HD, PS, BLOCK)
+    else:
+        _page_mean(k_ptr, lm_ptr, loc, loc >= 0, HD, PS, BLOCK)
 
 
 def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool) -> None:
@@ -45,87 +62,68 @@ def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: 
 
 
 @triton.jit
-def _score_kernel(q_ptr, lm_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
-                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr):
+def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
+                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                  NPROG: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr):
     b = tl.program_id(0)
-    pb = tl.program_id(1)
-    j = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    p = tl.program_id(1)
+    if UPDATE:
+        # This step's token completes a page: its landmark, before it can become a candidate
+        # (the partial page is always a recent page, never scored).
+        if p == 0:
+            loc = tl.load(loc_ptr + b).to(tl.int64)
+            _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
-    cand = (j >= lo) & (j < hi)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
-    slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
-    page = slot // PS
     d = tl.arange(0, D)
-    in_row = j < pcap
-    for h in tl.static_range(H):
-        qs = tl.zeros([D], dtype=tl.float32)
-        for g in tl.static_range(G):
-            qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
-        qs = qs / G
-        lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
-        s = tl.sum(lm.to(tl.float32) * qs[None, :], axis=1)
-        s = tl.where(cand, s, float("-inf"))
-        tl.store(out_ptr + (b * H + h) * pcap + j, s, mask=in_row)
+    for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
+        j = start + tl.arange(0, BLOCK_P)
+        cand = j < hi
+        slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
+        page = slot // PS
+        for h in tl.static_range(H):
+            qs = tl.zeros([D], dtype=tl.float32)
+            for g in tl.static_range(G):
+                qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+            lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
+            sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
+            sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)                                # NaN: lowest candidate
+            sc = tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
+            tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
 
 
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
-                cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, block_p: int = 64) -> Tensor:
-    """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32 (written entirely). Returns out."""
+                cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, k_buf: Tensor | None = None,
+                cache_loc: Tensor | None = None) -> Tensor:
+    """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
+
+    With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
+    each page that slot completes. Returns out."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
-    pcap = out.shape[1]
-    _score_kernel[(b, triton.cdiv(pcap, block_p))](
-        q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), pcap,
-        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=block_p, num_warps=4)
+    update = k_buf is not None
+    _score_kernel[(b, SCORE_PROGRAMS)](
+        q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
+        req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1],
+        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=SCORE_PROGRAMS, UPDATE=update,
+        LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8)
     return out
 
 
-def top_pages(scores: Tensor, k: int) -> Tensor:
-    """[rows, Pcap] scores -> [rows, k] int64 page numbers, best first.
-
-    Sorted, so rows whose own budget is below k take a prefix. Measured on H100 (128 rows x 2048,
-    k = 253): 36.7 us (unsorted 24.1 us; unsorted + argsort of the k values 48.9 us). The backend
-    uses ``select_and_write`` instead.
-    """
-    return torch.topk(scores, k, dim=1, sorted=True).indices
+@triton.jit
+def _ukey(scores_ptr, j, m):
+    """Order-preserving unsigned key of fp32 scores (int64 in [0, 2**32)); -1 where masked."""
+    bits = tl.load(scores_ptr + j, mask=m, other=0.0).to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties with +0.0
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return tl.where(m, key, -1)
 
 
 @triton.jit
-def _index_kernel(topk_ptr, topk_stride, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, indptr_ptr, out_ptr,
-                  r2t_stride, H: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
-    r = tl.program_id(0)
-    tb = tl.program_id(1)
-    b = r // H
-    h = r % H
-    t = tb * BLOCK + tl.arange(0, BLOCK)
-    cnt = tl.load(cnt_ptr + b)
-    n = tl.load(n_ptr + b)
-    s = tl.load(sink_ptr + b)
-    k = tl.load(k_ptr + b)
-    valid = t < cnt
-    is_mid = (t >= s) & (t < s + k)
-    mid = tl.load(topk_ptr + r.to(tl.int64) * topk_stride + (t - s), mask=valid & is_mid, other=0).to(tl.int32)
-    j = tl.where(t < s, t, tl.where(is_mid, mid, n - (cnt - t)))
-    rpi = tl.load(rpi_ptr + b).to(tl.int64)
-    slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=valid, other=0)
-    start = tl.load(indptr_ptr + r)
-    tl.store(out_ptr + start + t, slot * H + h, mask=valid)
-
-
-def write_indices(topk: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor, count: Tensor,
-                  sink: Tensor, k: Tensor, row_indptr: Tensor, num_kv_heads: int, page_size: int,
-                  max_count: int, out: Tensor, block: int = 256) -> None:
-    """topk: [B*H, K] int64 logical pages; out: int32 index buffer. Grid covers ``max_count`` per row."""
-    rows = topk.shape[0]
-    _index_kernel[(rows, triton.cdiv(max_count, block))](
-        topk, topk.stride(0), req_to_token, req_pool_indices, n_pages, count, sink, k, row_indptr, out,
-        req_to_token.stride(0), H=num_kv_heads, PS=page_size, BLOCK=block, num_warps=4)
-
-
-@triton.jit
-def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, indptr_ptr, out_ptr,
-                   r2t_stride, H: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
+def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
+                   indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
+                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -133,47 +131,104 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     n = tl.load(n_ptr + b)
     s = tl.load(sink_ptr + b)
     k = tl.load(k_ptr + b)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
     start = tl.load(indptr_ptr + r)
-    rpi = tl.load(rpi_ptr + b).to(tl.int64)
-    row = r2t_ptr + rpi * r2t_stride
-    j = tl.arange(0, BLOCK)
-    # reserved part: sink pages first, recent pages last (current page last)
-    fixed = (j < s) | ((j >= s + k) & (j < cnt))
-    page = tl.where(j < s, j, n - (cnt - j))
-    slot = tl.load(row + page.to(tl.int64) * PS, mask=fixed, other=0)
-    tl.store(out_ptr + start + j, slot * H + h, mask=fixed)
-    # top-k: radix select of the k-th largest score (order-preserving int keys), ties -> earlier page
-    sc = tl.load(scores_ptr + r.to(tl.int64) * pcap + j, mask=j < pcap, other=float("-inf"))
-    bits = sc.to(tl.int32, bitcast=True)
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-    lo = tl.full([], -2147483648, tl.int64)
-    hi = tl.full([], 2147483647, tl.int64)
-    for _ in tl.static_range(32):
-        mid = lo + (hi - lo + 1) // 2
-        ok = tl.sum((key >= mid).to(tl.int32), axis=0) >= k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    gt = key > lo
-    eq = key == lo
-    need = k - tl.sum(gt.to(tl.int32), axis=0)
-    take = gt | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-    take = take & (k > 0)
+    row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    out = out_ptr + start
+    offs = tl.arange(0, SMALL)
+    # reserved part: sink pages first, recent pages last (current page last); a dense row is all sink
+    for u0 in range(0, cnt - k, SMALL):
+        u = u0 + offs
+        m = u < cnt - k
+        t = tl.where(u < s, u, u + k)
+        page = tl.where(u < s, u, n - (cnt - t))
+        slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
+        tl.store(out + t, slot * H + h, mask=m)
+    scores = scores_ptr + r.to(tl.int64) * pcap
+    if k > 0:
+        if hi - lo <= SMALL:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 2)
+        elif hi - lo <= MEDIUM:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 2)
+        elif hi - lo <= LARGE:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 2)
+        else:
+            _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
+
+
+@triton.jit
+def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
+    """One round of the k-th largest key search over NT = 2**bits digits: (new prefix, keys >= new
+    prefix + 1, which is the count above the threshold after the last round)."""
+    c = tl.arange(0, NT).to(tl.int64)
+    sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 (the prefix) holds k
+    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c == sel, counts, 0), axis=0)
+
+
+@triton.jit
+def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+                       BITS: tl.constexpr):
+    """Top-k of a row of at most ROW candidates, its keys loaded once; BITS per round (32 / BITS rounds
+    of ROW x 2**BITS compares, one reduction each: few registers)."""
+    j = lo + tl.arange(0, ROW)
+    key = _ukey(scores, j, j < hi)
+    c = tl.arange(0, 1 << BITS).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (rnd + 1)
+        counts = tl.sum((key[:, None] >= (prefix + ((c + 1) << shift))[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+    eq = key == prefix
+    take = (key > prefix) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= k - n_gt))
     rank = tl.cumsum(take.to(tl.int32), axis=0) - 1
     slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    tl.store(out_ptr + start + s + rank, slot * H + h, mask=take)
+    tl.store(out + rank, slot * H + h, mask=take)
+
+
+@triton.jit
+def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, CHUNK: tl.constexpr):
+    """Top-k of a longer row: each round streams the row's keys in CHUNK tiles."""
+    offs = tl.arange(0, CHUNK)
+    c16 = tl.arange(0, 16).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(8):
+        shift = 28 - 4 * rnd
+        thr = prefix + ((c16 + 1) << shift)
+        counts = tl.zeros([16], tl.int32)
+        for j0 in range(lo, hi, CHUNK):
+            key = _ukey(scores, j0 + offs, j0 + offs < hi)
+            counts += tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 16)
+    # keys above the threshold, then the earliest equal ones; output in page order
+    need = k - n_gt
+    n_eq = tl.zeros([], tl.int32)
+    n_taken = tl.zeros([], tl.int32)
+    for j0 in range(lo, hi, CHUNK):
+        j = j0 + offs
+        key = _ukey(scores, j, j < hi)
+        eq = key == prefix
+        take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+        rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+        tl.store(out + rank, slot * H + h, mask=take)
+        n_eq += tl.sum(eq.to(tl.int32), axis=0)
+        n_taken += tl.sum(take.to(tl.int32), axis=0)
 
 
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
-                     count: Tensor, sink: Tensor, k: Tensor, row_indptr: Tensor, num_kv_heads: int,
-                     page_size: int, out: Tensor) -> None:
-    """Fused top-k + index writing, one program per (request, KV head) row.
+                     count: Tensor, sink: Tensor, k: Tensor, cand_lo: Tensor, cand_hi: Tensor, row_indptr: Tensor,
+                     num_kv_heads: int, page_size: int, out: Tensor) -> None:
+    """Exact top-k + index writing, one program per (request, KV head) row.
 
-    scores: [rows, Pcap] float32 (``-inf`` off-candidate). Each row gets sink pages, its ``k``
-    best pages (exact top-k by radix select; equal scores -> earlier page first, as
-    ``select_pages``) in ascending page order, then the recent pages. Replaces ``torch.topk`` +
-    ``write_indices``; no static top-k width, so any budget up to the sequence fits.
+    scores: [rows, Pcap] float32, read on ``[cand_lo, cand_hi)`` only. Each row gets sink pages,
+    its ``k`` best candidate pages (ties -> earlier page, as ``select_pages``) in ascending page
+    order, then the recent pages. No static top-k width, so any budget up to the sequence fits.
     """
     rows, pcap = scores.shape
-    _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, row_indptr, out,
-                            req_to_token.stride(0), H=num_kv_heads, PS=page_size,
-                            BLOCK=triton.next_power_of_2(pcap), num_warps=8)
+    _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
+                            row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
+                            SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
+                            num_warps=16)

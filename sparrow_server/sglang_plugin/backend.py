@@ -5,9 +5,10 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
 - per decode step, ``planning.plan_step`` turns each request's schedule and length into page
   counts on the host (no device sync) and one FlashInfer plan with one row per
   (request, KV head), G query heads, page size 16, over a per-head strided view of the pool;
-- per sparse layer, inside the CUDA graph: landmark update for the page just written, fused
-  landmark scoring (Triton), ``torch.topk`` with a static width, index writing (Triton) into
-  the wrapper's index buffer, then FlashInfer decode over the selected pages.
+- per sparse layer, inside the CUDA graph, two Triton launches whose work follows each request's
+  page count (not ``--context-length``): landmark scoring (with the landmark of the page this
+  step completes folded in), then exact top-k + index writing into the wrapper's index buffer;
+  then FlashInfer decode over the selected pages.
 Landmarks (mean post-RoPE key per page and KV head) live in a side cache per sparse layer,
 sized at backend creation from the KV pool.
 """
@@ -43,9 +44,7 @@ class _Step:
     fields: dict            # REQUEST_FIELDS -> int32 [bs] device tensors
     row_indptr: torch.Tensor
     indices: torch.Tensor   # int32 FlashInfer page ids (the wrapper's buffer)
-    scores: torch.Tensor    # [bs * Hkv, Pcap] float32
-    topk: int
-    max_count: int
+    scores: torch.Tensor    # [bs * Hkv, Pcap] float32 (each row read on its candidate range only)
     wrapper: BatchDecodeWithPagedKVCacheWrapper
     rows: np.ndarray        # host: KV row of each request (for the selection debug hook)
     lengths: np.ndarray     # host: tokens attended by each request this step
@@ -160,13 +159,11 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         if graph:
             layout, meta = self.g_layout, self.g_meta
             indices, scores = self.g_indices, self.g_scores[:nrows]
-            topk, max_count = self.topk_cap, self.pcap
         else:
             layout = packed_layout(bs, self.num_kv_heads)
             meta = torch.empty(layout["_total"][1], dtype=torch.int32, device="cuda")
             indices = torch.empty(max(plan.total_pages, 1), dtype=torch.int32, device="cuda")
             scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
-            topk, max_count = max(1, int(plan.k.max())), max(1, int(plan.count.max()))
         meta.copy_(torch.from_numpy(pack(plan, layout)), non_blocking=True)
         fields = {f: self._view(meta, layout, f, bs) for f in REQUEST_FIELDS}
         row_indptr = self._view(meta, layout, "row_indptr", nrows + 1)
@@ -190,7 +187,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             wrapper = self.graph_wrappers[bs]
             wrapper.begin_forward(row_indptr, indices, last_page_len, *plan_args, fixed_split_size=None,
                                   disable_split_kv=False, global_override_indptr_cpu=indptr_host, **plan_kwargs)
-        self.step = _Step(plan, fields, row_indptr, indices, scores, topk, max_count, wrapper, rows, lengths, real_bs)
+        self.step = _Step(plan, fields, row_indptr, indices, scores, wrapper, rows, lengths, real_bs)
 
     # ---- layers -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -212,13 +209,14 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
                                *self._kv_write_scales(layer))
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
-        K.update_landmarks(k_buf, cache_loc, lm, self.page_size, only_full=False)
         q3 = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
         rpi = forward_batch.req_pool_indices
         f = step.fields
-        K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores)
+        K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores,
+                      k_buf=k_buf, cache_loc=cache_loc)
         K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
-                           step.row_indptr, self.num_kv_heads, self.page_size, step.indices)
+                           f["cand_lo"], f["cand_hi"], step.row_indptr, self.num_kv_heads, self.page_size,
+                           step.indices)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan.row_indptr, step.indices, self.req_to_token, step.real_bs)

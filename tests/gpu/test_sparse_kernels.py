@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from sparrow_server.kernels import reference as R
-from sparrow_server.sparsity.selection import dense_decode_attention, sparse_decode_attention
+from sparrow_server.sparsity.selection import dense_decode_attention, select_pages, sparse_decode_attention
 from sparrow_server.sparsity.schedule import dense_schedule
 
 pytestmark = pytest.mark.gpu
 
 PS = 16
+SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 
 
 def _rel(a, b):
@@ -28,11 +29,21 @@ def _landmarks(case, dtype):
     return lm
 
 
-def _layer(case, plan, lm, topk_cap, pcap):
+def _layer(case, plan, lm, pcap):
     from _sparse_runner import SparseLayer
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    return SparseLayer(case, plan, lm, topk_cap, pcap, ws)
+    return SparseLayer(case, plan, lm, pcap, ws)
+
+
+def _want_pages(layer, case, plan):
+    """``select_pages`` on the layer's scores: [B*H] lists of logical pages, ascending."""
+    b, h = plan.batch_size, plan.num_kv_heads
+    pmax = int(plan.n_pages.max())
+    scores = layer.scores.view(b, h, -1)[:, :, :pmax]
+    ids, _ = select_pages(scores, torch.from_numpy(plan.n_pages.astype("int64")),
+                          torch.from_numpy(plan.count.astype("int64")), SINK, RECENT)
+    return [[int(p) for p in row if p >= 0] for row in ids.view(b * h, -1).tolist()]
 
 
 def test_landmark_kernel_matches_reference():
@@ -51,29 +62,75 @@ def test_landmark_kernel_matches_reference():
 
 @pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
 def test_scores_and_indices_match_reference(lm_dtype):
-    from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.kernels import sparse_decode as K  # noqa: F401
     from _sparse_setup import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([5000, 1200, 40, 3000], seed=2)
     s = fixed_budget_schedule(32)
     plan = plan_for(case, [s, s, s, dense_schedule()], topk_cap_pages=64)
     lm = _landmarks(case, lm_dtype)
-    layer = _layer(case, plan, lm, 64, pcap=400)
+    layer = _layer(case, plan, lm, pcap=400)
     got = layer.score()
     f = {k: v.cpu() for k, v in layer.fields.items()}
     want = R.page_scores(case.q.cpu(), lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
                          f["cand_hi"], PS, 400)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
-    top = layer.select()
-    layer.write(top)
+    layer.select_write()
+    top = torch.topk(layer.scores, 64, dim=1, sorted=True).indices  # stable enough: random scores, no ties
     want_idx = torch.full_like(layer.indices.cpu(), -1)
     R.write_indices(top.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f, layer.row_indptr.cpu(), 8, PS, want_idx)
-    assert torch.equal(layer.indices.cpu(), want_idx)
-    layer.indices.fill_(-1)
-    layer.select_write()  # fused radix select: same pages per row, the top-k segment in page order
     for r in range(plan.batch_size * 8):
         a, b = int(plan.row_indptr[r]), int(plan.row_indptr[r + 1])
         assert sorted(layer.indices[a:b].tolist()) == sorted(want_idx[a:b].tolist())
+
+
+@pytest.mark.parametrize("lengths,budget", [([600, 40, 300, 17, 32768, 1000], 64), ([2048, 4100, 17, 16], 8)])
+def test_selection_is_select_pages_at_40k_context(lengths, budget):
+    """A server at --context-length 40960 (Pcap 2560) with short sequences: the selected pages, in
+    index order, are exactly ``select_pages``' (sink, top-k ascending, recent), whatever Pcap."""
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    case = make_case(lengths, seed=7, max_ctx=40960)
+    s = fixed_budget_schedule(budget)
+    plan = plan_for(case, [s] * len(lengths), topk_cap_pages=budget)
+    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=40960 // PS)
+    layer.score()
+    layer.select_write()
+    assert layer.logical_pages(ordered=True) == _want_pages(layer, case, plan)
+
+
+def test_selection_ties_go_to_the_earlier_page():
+    """Few distinct scores (and -0.0 next to +0.0): ties broken by page order, as ``select_pages``."""
+    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+
+    case = make_case([1200, 600, 50, 9000], seed=8, max_ctx=40960)
+    s = fixed_budget_schedule(20)
+    plan = plan_for(case, [s] * 4, topk_cap_pages=20)
+    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=40960 // PS)
+    g = torch.Generator(device="cpu").manual_seed(8)
+    scores = torch.randint(0, 3, layer.scores.shape, generator=g).float() - 1.0
+    scores[:, ::7] = -0.0
+    layer.scores.copy_(scores)
+    layer.select_write()
+    assert layer.logical_pages(ordered=True) == _want_pages(layer, case, plan)
+
+
+def test_decode_scoring_updates_the_completed_page_landmark():
+    """The decode path's score launch first writes the landmark of the page this step's slot
+    completes; a slot inside a page leaves its landmark alone."""
+    from sparrow_server.kernels import sparse_decode as K
+    from _sparse_setup import make_case
+
+    case = make_case([40, 70], seed=9)
+    lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0, device="cuda")
+    want = lm.clone()
+    locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
+    R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
+    zero = torch.zeros(2, dtype=torch.int32, device="cuda")
+    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 8, device="cuda"),
+                  k_buf=case.k_buf, cache_loc=locs)
+    torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
+    assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
 
 
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
@@ -84,7 +141,7 @@ def test_sparse_layer_equals_core_reference(lengths, budget):
     case = make_case(lengths, seed=3)
     s = fixed_budget_schedule(budget)
     plan = plan_for(case, [s] * len(lengths), topk_cap_pages=budget)
-    layer = _layer(case, plan, _landmarks(case, torch.float32), budget, pcap=math.ceil(max(lengths) / PS))
+    layer = _layer(case, plan, _landmarks(case, torch.float32), pcap=math.ceil(max(lengths) / PS))
     scale = 1 / math.sqrt(128)
     out = layer(scale).view(len(lengths), -1, 128)
     k, v = case.dense_kv()
@@ -105,7 +162,7 @@ def test_bf16_landmarks_select_nearly_the_same_pages():
     plan = plan_for(case, [s, s], topk_cap_pages=256)
     pages = []
     for dtype in (torch.float32, torch.bfloat16):
-        layer = _layer(case, plan, _landmarks(case, dtype), 256, pcap=2048)
+        layer = _layer(case, plan, _landmarks(case, dtype), pcap=2048)
         layer(1 / math.sqrt(128))
         pages.append(layer.logical_pages())
     overlap = sum(len(a & b) for a, b in zip(*pages)) / sum(len(a) for a in pages[0])
@@ -120,7 +177,7 @@ def test_budget_at_least_length_is_dense():
     s = fixed_budget_schedule(64)  # 1024 tokens >= every length
     plan = plan_for(case, [s, dense_schedule(), s, s], topk_cap_pages=64)
     assert (plan.k == 0).all()
-    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), 64, pcap=64)
+    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=64)
     scale = 1 / math.sqrt(128)
     out = layer(scale).view(len(lengths), -1, 128)
     k, v = case.dense_kv()
