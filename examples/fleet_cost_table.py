@@ -7,8 +7,9 @@ prints dense and sparse (the size's 0.86 preset) tokens/s per GPU, twice:
 * ``roofline``: the CLI's defaults (decode batch 64, no per-step overhead);
 * ``bounded``: the decode batch the GPU's memory can hold at the end of the generation
   (``MEM_FRACTION`` of the memory, minus bf16 weights, over KV bytes of prompt + generation;
-  sparse decode stores the whole KV too, so the bound is the same for both) and the measured
-  per-step overhead ``STEP_OVERHEAD_MS`` (docs/cost-model.md).
+  sparse decode stores the whole KV too, so the bound is the same for both) and the hardware
+  preset's per-step costs fitted to measured SGLang decode (docs/cost-model.md): a fixed cost per
+  step and, for the sparse server, a cost per request and sparse layer.
 
 Each row names the ``sparrow-server cost`` command that reproduces it. Then the fleet table:
 servers are independent for rollouts (one GPU each, the router only forwards), so a fleet of N
@@ -35,7 +36,6 @@ HARDWARE = ("h100", "h200")
 GPU_MEMORY_BYTES = {"h100": 80e9, "h200": 141e9}  # datasheet capacities
 MEM_FRACTION = 0.85  # weights + KV pool share of the memory (SGLang's mem_fraction_static is ~0.8-0.9)
 WEIGHT_BYTES_PER_PARAM = 2  # bf16
-STEP_OVERHEAD_MS = 1.6  # measured dense-decode overhead per step (docs/cost-model.md)
 PROMPT_LEN = 1024
 SAMPLES = 8
 FLEET_SIZES = (8, 64, 128)
@@ -50,7 +50,7 @@ class Row:
     model: str
     gen_len: int
     batch: int
-    overhead_ms: float
+    fitted: bool  # the preset's fitted per-step costs (False: the pure roofline)
     dense: float
     sparse: float
 
@@ -59,9 +59,9 @@ class Row:
         return self.sparse / self.dense
 
     def command(self) -> str:
-        extra = f" --step-overhead-ms {self.overhead_ms:g}" if self.overhead_ms else ""
+        field = "predicted_speedup" if self.fitted else "roofline_speedup"
         return (f"sparrow-server cost --model {self.model} --schedule {self.model}-{THRESHOLD} --prompt-len {PROMPT_LEN} "
-                f"--gen-len {self.gen_len} --samples {SAMPLES} --batch {self.batch} --hardware {self.hardware}{extra}")
+                f"--gen-len {self.gen_len} --samples {SAMPLES} --batch {self.batch} --hardware {self.hardware} --json  # {field}")
 
 
 def kv_bounded_batch(model_name: str, hardware: str, context: int) -> int:
@@ -71,11 +71,11 @@ def kv_bounded_batch(model_name: str, hardware: str, context: int) -> int:
     return max(1, min(DEFAULT_DECODE_BATCH, math.floor(free / (model.kv_bytes_per_token * context))))
 
 
-def estimate(hardware: str, model_name: str, gen_len: int, batch: int, overhead_ms: float) -> Row:
+def estimate(hardware: str, model_name: str, gen_len: int, batch: int, fitted: bool) -> Row:
     schedule = ScheduleRegistry.load().get(f"{model_name}-{THRESHOLD}")
-    hw = resolve_hardware(hardware).with_overrides(step_overhead_s=overhead_ms / 1e3 if overhead_ms else None)
+    hw = resolve_hardware(hardware) if fitted else resolve_hardware(hardware).roofline()
     est = rollout_estimate(resolve_model(model_name), schedule, PROMPT_LEN, gen_len, SAMPLES, hw, batch)
-    return Row(hardware, model_name, gen_len, batch, overhead_ms, est.dense_tokens_per_s, est.sparse_tokens_per_s)
+    return Row(hardware, model_name, gen_len, batch, fitted, est.dense_tokens_per_s, est.sparse_tokens_per_s)
 
 
 def rows(bounded: bool) -> list[Row]:
@@ -84,7 +84,7 @@ def rows(bounded: bool) -> list[Row]:
         for model in MODELS:
             for gen_len in GEN_LENS:
                 batch = kv_bounded_batch(model, hardware, PROMPT_LEN + gen_len) if bounded else DEFAULT_DECODE_BATCH
-                out.append(estimate(hardware, model, gen_len, batch, STEP_OVERHEAD_MS if bounded else 0.0))
+                out.append(estimate(hardware, model, gen_len, batch, fitted=bounded))
     return out
 
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     bounded = rows(bounded=True)
     print(per_gpu_table(f"Per GPU, roofline (batch {DEFAULT_DECODE_BATCH}, no step overhead)", rows(bounded=False)))
-    print(per_gpu_table(f"Per GPU, memory-bounded batch, {STEP_OVERHEAD_MS} ms step overhead", bounded))
+    print(per_gpu_table("Per GPU, memory-bounded batch, fitted per-step costs", bounded))
     print(fleet_table(bounded))
     print(distribution_table())
     return 0
