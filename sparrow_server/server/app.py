@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import Body, Depends, FastAPI, Request
@@ -26,6 +27,7 @@ from sparrow_server.server.admission import (
     install_admission,
 )
 from sparrow_server.server.api_models import AbortIn, RolloutIn
+from sparrow_server.server.autopilot import ServerAutopilot, install_autopilot_routes
 from sparrow_server.server.errors import error_response, install_error_handlers
 from sparrow_server.server.generate import install_generate_routes
 from sparrow_server.server.handling import CLIENT_CLOSED, NDJSON, SSE, admit, unless_disconnected
@@ -35,7 +37,7 @@ from sparrow_server.server.security import SecurityConfig, install_security, req
 from sparrow_server.server.service import RolloutService
 from sparrow_server.server.shutdown import install_shutdown
 from sparrow_server.server.weights import install_weight_routes
-from sparrow_server.sparsity.registry import ScheduleRegistry
+from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
 
 
@@ -43,13 +45,17 @@ from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError,
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
                tokenizer: Any | None = None, metrics: ServiceMetrics | None = None,
                security: SecurityConfig | None = None, limits: Limits | None = None,
-               verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None) -> FastAPI:
+               verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None,
+               autopilot_dir: Path | None = None) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
     adapters = adapters or default_adapter_manager(engine)
     service = RolloutService(GatedEngine(engine, adapters), schedules, metrics or ServiceMetrics(), default_schedule,
                              tokenizer)
     service.verifier = build_verifier(engine, service.metrics.acceptance, verify_fraction)
+    autopilot = ServerAutopilot(service, service.metrics.registry, autopilot_dir)
+    if service.verifier is not None:
+        service.verifier.listeners.append(autopilot.on_verified)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -69,7 +75,8 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     _rollout_routes(app, service)
     install_generate_routes(app, service)
     _abort_route(app, service)
-    _schedule_routes(app, service)
+    _schedule_routes(app, service, autopilot)
+    install_autopilot_routes(app, autopilot)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
     install_adapter_routes(app, adapters)
@@ -123,7 +130,7 @@ def _abort_route(app: FastAPI, service: RolloutService) -> None:
         return {"aborted": await service.engine.abort(body.rid)}
 
 
-def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
+def _schedule_routes(app: FastAPI, service: RolloutService, autopilot: ServerAutopilot) -> None:
     @app.get("/schedules")
     async def list_schedules():
         return {"default": service.default_schedule,
@@ -131,7 +138,14 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
 
     @app.get("/schedules/{name}")
     async def get_schedule(name: str):
-        return service.schedules.get(name).to_dict()
+        base, _, version = name.partition("@")
+        try:
+            return service.schedules.get(name).to_dict()
+        except UnknownScheduleError:
+            older = autopilot.history.version(base, int(version)) if version.isdigit() else None
+            if older is None:
+                raise
+            return older.to_dict()  # a version served before (GET /schedules/{name}/history)
 
     @app.put("/schedules/{name}", dependencies=[Depends(require_admin)])
     async def put_schedule(name: str, body: Any = Body(...)):
@@ -140,10 +154,18 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
         data = {**body}
         if data.setdefault("name", name) != name:
             raise ScheduleError("name", data["name"], f"differs from the name in the path ({name!r})")
+        if "version" not in data and name in service.schedules and not service.schedules.is_builtin(name):
+            current = service.schedules.get(name)  # a change publishes the next version; the same content keeps it
+            if schedule_from_dict({**data, "version": current.version}) != current:
+                data["version"] = current.version + 1
+            else:
+                data["version"] = current.version
         schedule = schedule_from_dict(data)
         service.engine.check_schedule(schedule)
         persist = service.schedules.persist_dir is not None
         service.schedules.register(schedule, persist=persist, replace=True)
+        autopilot.history.record(schedule, "put", weight_version=service.engine.info().weight_version or None)
+        autopilot.metrics.publish_schedule(schedule)
         return schedule.to_dict()
 
 
