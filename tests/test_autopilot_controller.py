@@ -13,6 +13,7 @@ from sparrow_server.autopilot.controller import (
     FOLLOW,
     LOWER,
     RAISE,
+    TRIM,
     AutopilotConfig,
     AutopilotConfigError,
     BudgetController,
@@ -43,9 +44,9 @@ def feed(ctl: BudgetController, n_per_bin: int, p5_of=plant_p5, weight_version: 
         ctl.observe(ctl.budgets, tokens_with_p5(p5_of(b, ctl.budgets[b]), n_per_bin), [b] * n_per_bin, weight_version)
 
 
-def make(budgets, **cfg) -> BudgetController:
+def make(budgets, bin_tokens=None, **cfg) -> BudgetController:
     config = AutopilotConfig(**{"target": TARGET, "margin": MARGIN, "min_tokens": 200, **cfg})
-    return BudgetController(config, budgets, PAGE, RESERVED)
+    return BudgetController(config, budgets, PAGE, RESERVED, bin_tokens=bin_tokens)
 
 
 def test_quantile_interval_brackets_the_quantile_and_narrows_with_tokens():
@@ -148,6 +149,22 @@ def test_converges_into_the_band_from_too_tight_and_too_loose(start):
     assert list(ctl.budgets) == sorted(ctl.budgets)
 
 
+def test_a_bin_without_tokens_is_trimmed_to_dense_and_does_not_block_lowering():
+    # Bin 0 (lengths 0-63) never gets tokens (prompts are longer); 320 there is dense like 64 is.
+    ctl = make([320] * N_BINS, bin_tokens=BIN)
+    for b in range(1, N_BINS):
+        ctl.observe(ctl.budgets, tokens_with_p5(1.0, 200), [b] * 200)
+    changes = {c.bin_index: c for c in ctl.step()}
+    assert changes[0].reason == TRIM and changes[0].new_tokens == 64 and changes[0].evidence is None
+    assert changes[1].reason == LOWER and changes[1].new_tokens == 128  # lowered to 304, trimmed to dense-equivalent
+    assert changes[4].reason == LOWER and changes[4].new_tokens == 304
+    assert ctl.budgets == (64, 128, 192, 256, 304, 304)
+    without = make([320] * N_BINS)  # without bin widths nothing can be trimmed: the empty bin 0 blocks bin 1
+    for b in range(1, N_BINS):
+        without.observe(without.budgets, tokens_with_p5(1.0, 200), [b] * 200)
+    assert without.step() == []
+
+
 def test_config_names_the_bad_field():
     for kwargs, name in (({"target": 1.5}, "target"), ({"target": 0.9, "margin": -0.1}, "margin"),
                          ({"target": 0.9, "min_tokens": 0}, "min_tokens"),
@@ -162,12 +179,13 @@ def test_config_names_the_bad_field():
 @given(start=st.lists(st.integers(4, 40), min_size=1, max_size=6).map(sorted),
        p5s=st.lists(st.lists(st.floats(0.3, 1.0), min_size=6, max_size=6), min_size=1, max_size=12),
        n_tokens=st.integers(50, 400), floor_pages=st.integers(4, 8), extra_pages=st.integers(0, 40),
-       min_tokens=st.integers(50, 300))
+       min_tokens=st.integers(50, 300), use_bins=st.booleans())
 def test_property_budgets_stay_valid_and_change_only_on_enough_evidence(start, p5s, n_tokens, floor_pages,
-                                                                        extra_pages, min_tokens):
+                                                                        extra_pages, min_tokens, use_bins):
     floor, ceiling = floor_pages * PAGE, (floor_pages + extra_pages) * PAGE
     budgets = [min(max(p * PAGE, floor), ceiling) for p in start]
-    ctl = BudgetController(AutopilotConfig(TARGET, MARGIN, floor, ceiling, min_tokens), budgets, PAGE, RESERVED)
+    ctl = BudgetController(AutopilotConfig(TARGET, MARGIN, floor, ceiling, min_tokens), budgets, PAGE, RESERVED,
+                           bin_tokens=BIN if use_bins else None)
     since_change = [0] * len(budgets)
     for row in p5s:
         for b in range(len(budgets)):
@@ -179,6 +197,9 @@ def test_property_budgets_stay_valid_and_change_only_on_enough_evidence(start, p
             assert before[b] == change.old_tokens != change.new_tokens
             if change.reason == FOLLOW:
                 assert change.new_tokens > change.old_tokens and change.evidence is None
+            elif change.reason == TRIM:  # cut to the budget that is already dense over the whole bin
+                assert change.new_tokens < change.old_tokens and change.evidence is None
+                assert change.new_tokens >= BIN * (b + 1) and b < len(budgets) - 1
             else:
                 assert since_change[b] >= min_tokens and change.evidence.n_tokens >= min_tokens
                 if change.reason == RAISE:

@@ -13,6 +13,10 @@ decide:
 
 Budgets stay page multiples, non-decreasing across bins (a raise carries the later bins up with
 it; a bin is never lowered below the one before it) and within ``[floor_tokens, ceiling_tokens]``.
+Given ``bin_tokens``, a bin's budget is also kept at most the page multiple that covers the bin's
+longest length (every step in the bin is dense from there on, so a larger budget serves nothing
+different): such a ``trim`` needs no evidence, and without it a bin that never sees tokens (lengths
+no request reaches, e.g. prompt-only bin 0) would block every later bin from being lowered.
 A bin whose budget changes starts a new window, so a bin changes at most once per ``min_tokens``
 verified tokens. Every change carries the evidence that caused it (``BudgetChange``).
 
@@ -35,7 +39,7 @@ DEFAULT_RAISE_FACTOR = 1.5
 DEFAULT_LOWER_PAGES = 1
 DEFAULT_QUANTILE = 0.05
 DEFAULT_MAX_WINDOW_TOKENS = 20_000
-RAISE, LOWER, FOLLOW = "raise", "lower", "follow"
+RAISE, LOWER, FOLLOW, TRIM = "raise", "lower", "follow", "trim"
 
 
 class AutopilotConfigError(ValueError):
@@ -127,12 +131,13 @@ class BinEvidence:
 @dataclass(frozen=True)
 class BudgetChange:
     """One bin's budget change. ``evidence`` is ``None`` for a bin carried up by an earlier bin's
-    raise (``reason == "follow"``), which keeps the schedule non-decreasing."""
+    raise (``reason == "follow"``), which keeps the schedule non-decreasing, and for a budget cut to the
+    dense-equivalent size of its bin (``"trim"``: nothing served changes)."""
 
     bin_index: int
     old_tokens: int
     new_tokens: int
-    reason: str  # RAISE, LOWER or FOLLOW
+    reason: str  # RAISE, LOWER, FOLLOW or TRIM
     evidence: BinEvidence | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,7 +168,7 @@ class BudgetController:
     """Next budgets of one schedule from its verified tokens (module docstring). Not thread-safe."""
 
     def __init__(self, config: AutopilotConfig, budgets_tokens: Sequence[int], page_size: int, reserved_pages: int,
-                 weight_version: str | None = None):
+                 weight_version: str | None = None, bin_tokens: int | None = None):
         if not budgets_tokens:
             raise AutopilotConfigError("budgets_tokens", list(budgets_tokens), "a dense schedule has no budgets to steer")
         self.config = config
@@ -176,6 +181,7 @@ class BudgetController:
                 raise AutopilotConfigError(name, value, f"must be a multiple of page_size {page_size} and >= {smallest} "
                                                         f"(one page more than the {reserved_pages} reserved)")
         self.budgets = tuple(int(b) for b in budgets_tokens)
+        self.bin_tokens = bin_tokens
         self.weight_version = weight_version
         self._retired: set[str] = set()
         self._bins = [_Bin() for _ in self.budgets]
@@ -249,6 +255,12 @@ class BudgetController:
             if decision is not None:
                 proposed[b] = decision
                 causes[b] = (RAISE if decision > self.budgets[b] else LOWER, ev)
+        for b in range(len(proposed)):
+            cap = self._dense_cap(b)
+            if proposed[b] > cap:
+                proposed[b] = cap
+                if cap < self.budgets[b] and causes.get(b, (TRIM,))[0] != LOWER:
+                    causes[b] = (TRIM, None)  # a dense bin's budget cut to its dense size (a raise there is moot)
         for b in range(1, len(proposed)):  # non-decreasing: a raise carries later bins, a lower stops at the bin before
             proposed[b] = max(proposed[b], proposed[b - 1])
         changes = []
@@ -256,7 +268,7 @@ class BudgetController:
             if old == new:
                 continue
             reason, ev = causes.get(b, (FOLLOW, None))
-            if reason == LOWER and new > old:
+            if reason in (LOWER, TRIM) and new > old:
                 reason, ev = FOLLOW, None
             changes.append(BudgetChange(b, old, new, reason, ev))
             self._bins[b].clear()
@@ -282,6 +294,12 @@ class BudgetController:
             return new if new < budget else None
         return None
 
+    def _dense_cap(self, b: int) -> float:
+        """Smallest budget that is dense over all of bin ``b`` (no cap for the open-ended last bin)."""
+        if self.bin_tokens is None or b == len(self.budgets) - 1:
+            return math.inf
+        return max(self._pages_up((b + 1) * self.bin_tokens), self._clamp(0))
+
     def _pages_up(self, tokens: float) -> int:
         return int(math.ceil(tokens / self.page_size - 1e-9)) * self.page_size
 
@@ -306,5 +324,5 @@ class BudgetController:
 
 __all__ = [
     "AutopilotConfig", "AutopilotConfigError", "BudgetController", "BudgetChange", "BinEvidence", "quantile_interval",
-    "RAISE", "LOWER", "FOLLOW",
+    "RAISE", "LOWER", "FOLLOW", "TRIM",
 ]

@@ -74,7 +74,8 @@ class FleetAutopilot:
                 self._push(i, newest, [])
         if self.controller is None:
             self.controller = BudgetController(self.config, newest["budgets_tokens"], newest["page_size"],
-                                               newest["sink_pages"] + newest["recent_pages"])
+                                               newest["sink_pages"] + newest["recent_pages"],
+                                               bin_tokens=newest["bin_tokens"])
         elif tuple(newest["budgets_tokens"]) != self.controller.budgets:
             self.controller.adopt(newest["budgets_tokens"])
         self.current = newest

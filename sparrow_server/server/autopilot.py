@@ -151,7 +151,8 @@ class ServerAutopilot:
         if schedule.is_dense:
             raise ScheduleError("budgets_tokens", [], "a dense schedule has no budgets to steer")
         weight_version = self.service.engine.info().weight_version or None
-        ctl = BudgetController(config, schedule.budgets_tokens, schedule.page_size, schedule.reserved_pages, weight_version)
+        ctl = BudgetController(config, schedule.budgets_tokens, schedule.page_size, schedule.reserved_pages, weight_version,
+                               schedule.bin_tokens)
         with self._lock:
             self._controllers[name] = ctl
             if persist and self.state_dir is not None:
