@@ -188,3 +188,26 @@ def test_evidence_lists_verified_rollouts_after_a_cursor(model_dir, tmp_path):
         rollout(client, max_new_tokens=30, seed=3)
         later = client.get("/autopilot/evidence", params={"schedule": NAME, "after": first["next"]}).json()
         assert [r["seq"] for r in later["records"]] == [first["next"] + 1]
+
+
+def test_tokens_verified_on_new_weights_reset_the_evidence(model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    with make_client(model_dir, tmp_path) as client:
+        client.put(f"/schedules/{NAME}", json=SCHEDULE)
+        client.put(f"/schedules/{NAME}/autopilot", json={**PILOT, "min_tokens": 1000})
+        pilot = client.app.state.autopilot
+        schedule = pilot.service.schedules.get(NAME)
+        scores = SimpleNamespace(acceptance=np.full(30, 0.5), basis_lengths=np.arange(70, 100))  # bin 2
+
+        def verified(weights):
+            pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=weights), scores)
+            return client.get(f"/schedules/{NAME}/autopilot").json()["bins"][2]["window_tokens"]
+
+        start = client.get(f"/schedules/{NAME}/autopilot").json()["weight_version"]
+        assert verified(start) == 30 and verified(start) == 60
+        assert verified("step-2") == 30  # new weights: the old policy's 60 tokens are gone
+        assert verified(start) == 30  # a late result on the replaced weights does not count
+        assert client.get(f"/schedules/{NAME}/autopilot").json()["weight_version"] == "step-2"

@@ -69,6 +69,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
 
     app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan)
     app.state.service = service
+    app.state.autopilot = autopilot
     app.state.engine = engine
     install_error_handlers(app)
     _hardening(app, service, security, limits or Limits())
