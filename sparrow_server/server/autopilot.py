@@ -138,11 +138,12 @@ class ServerAutopilot:
             return
         for path in sorted((self.state_dir / "configs").glob("*.json")):
             try:
-                self.start(path.stem, AutopilotConfig(**json.loads(path.read_text())), persist=False)
+                # Before the engine starts: the controller takes the weight version of the first verified rollout.
+                self.start(path.stem, AutopilotConfig(**json.loads(path.read_text())), persist=False, weights_known=False)
             except (AutopilotConfigError, ScheduleError, UnknownScheduleError, TypeError) as exc:
                 log.error("autopilot config %s not resumed: %s", path, exc)
 
-    def start(self, name: str, config: AutopilotConfig, persist: bool = True) -> dict[str, Any]:
+    def start(self, name: str, config: AutopilotConfig, persist: bool = True, weights_known: bool = True) -> dict[str, Any]:
         """Steer ``name`` (a registered, sparse, non-built-in schedule) with ``config``; returns the state."""
         schedules = self.service.schedules
         schedule = schedules.get(name)
@@ -150,7 +151,7 @@ class ServerAutopilot:
             raise ScheduleError("name", name, "is a built-in schedule: register a copy under another name to steer it")
         if schedule.is_dense:
             raise ScheduleError("budgets_tokens", [], "a dense schedule has no budgets to steer")
-        weight_version = self.service.engine.info().weight_version or None
+        weight_version = (self.service.engine.info().weight_version or None) if weights_known else None
         ctl = BudgetController(config, schedule.budgets_tokens, schedule.page_size, schedule.reserved_pages, weight_version,
                                schedule.bin_tokens)
         with self._lock:
