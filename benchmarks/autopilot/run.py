@@ -3,7 +3,7 @@ one far too loose, steered live by the server's autopilot while rollouts run wit
 verification. Writes ``autopilot.json`` (every snapshot: version, budgets, per-bin evidence) and the
 rollouts' lengths, then ``report`` turns it into plots and the attended-token cost comparison.
 
-    PYTHONPATH=. python benchmarks/autopilot/run.py run --out benchmarks/results/autopilot --minutes 18
+    PYTHONPATH=. python benchmarks/autopilot/run.py run --out benchmarks/results/autopilot --minutes 28
     PYTHONPATH=. python benchmarks/autopilot/run.py report --out benchmarks/results/autopilot
 """
 from __future__ import annotations
@@ -24,9 +24,14 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "benchmarks" / "fidelity" / "prompts.jsonl"
 OFFLINE = REPO / "benchmarks" / "results" / "fidelity" / "fine" / "calibrated_schedule.json"
-BIN, PAGE, N_BINS = 64, 16, 6
+BIN, PAGE = 64, 16
 BASE = {"bin_tokens": BIN, "page_size": PAGE, "dense_layers": [0, 1], "threshold": 0.89}
-STARTS = {"ap-tight": [64] * N_BINS, "ap-loose": [320] * N_BINS}
+TIGHT, LOOSE = "ap-tight", "ap-loose"
+
+
+def starts(n_bins: int, loose_tokens: int) -> dict[str, list[int]]:
+    """The smallest valid budget everywhere (far too tight), and a budget dense for most lengths (far too loose)."""
+    return {TIGHT: [64] * n_bins, LOOSE: [loose_tokens] * n_bins}
 
 
 def pilot_config(args) -> dict:
@@ -49,12 +54,13 @@ def run(args) -> int:
            "--verify-fraction", str(args.verify_fraction), "--max-batch-size", str(2 * args.concurrency)]
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
     snapshots, rollouts, lock = [], [], threading.Lock()
+    plan = starts(args.bins, args.loose_tokens)
     started = time.monotonic()
     deadline = started + 60 * args.minutes
     try:
         wait_healthy(url, proc)
         http = httpx.Client(base_url=url, timeout=1800)
-        for name, budgets in STARTS.items():
+        for name, budgets in plan.items():
             http.put(f"/schedules/{name}", json={**BASE, "budgets_tokens": budgets}).raise_for_status()
             http.put(f"/schedules/{name}/autopilot", json=pilot_config(args)).raise_for_status()
         seeds = itertools.count()
@@ -75,33 +81,33 @@ def run(args) -> int:
                                      "kv_budget_tokens": res["kv_budget_tokens"]})
 
         threads = [threading.Thread(target=worker, args=(name,), daemon=True)
-                   for name in STARTS for _ in range(args.concurrency)]
+                   for name in plan for _ in range(args.concurrency)]
         for t in threads:
             t.start()
         while time.monotonic() < deadline:
             time.sleep(args.snapshot_s)
             snap = {"t": time.monotonic() - started}
-            for name in STARTS:
+            for name in plan:
                 snap[name] = http.get(f"/schedules/{name}/autopilot").json()
             with lock:
                 snap["rollouts_done"] = len(rollouts)
             snapshots.append(snap)
-            brief = {n: (snap[n]["version"], snap[n]["budgets_tokens"]) for n in STARTS}
+            brief = {n: (snap[n]["version"], snap[n]["budgets_tokens"]) for n in plan}
             print(f"[{snap['t']:6.0f} s] rollouts {snap['rollouts_done']}: {brief}", flush=True)
-            _save(out, args, snapshots, rollouts, http)
+            _save(out, args, plan, snapshots, rollouts, http)
         for t in threads:
             t.join()
-        _save(out, args, snapshots, rollouts, http)
+        _save(out, args, plan, snapshots, rollouts, http)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     return 0
 
 
-def _save(out: Path, args, snapshots, rollouts, http) -> None:
-    history = {n: http.get(f"/schedules/{n}/history").json() for n in STARTS}
+def _save(out: Path, args, plan, snapshots, rollouts, http) -> None:
+    history = {n: http.get(f"/schedules/{n}/history").json() for n in plan}
     data = {"command": " ".join(sys.argv), "config": pilot_config(args), "verify_fraction": args.verify_fraction,
-            "new_tokens": args.new_tokens, "concurrency_per_schedule": args.concurrency, "starts": STARTS,
+            "new_tokens": args.new_tokens, "concurrency_per_schedule": args.concurrency, "starts": plan,
             "snapshots": snapshots, "history": history, "rollouts": rollouts}
     (out / "autopilot.json").write_text(json.dumps(data) + "\n")
 
@@ -111,42 +117,65 @@ def attended_cost(budgets: list[int], lengths: list[int]) -> float:
     return sum(min(budgets[min(n // BIN, len(budgets) - 1)], n) for n in lengths) / len(lengths)
 
 
+def final_budget_p5(records: list[dict], name: str, budgets: list[int], b: int, cfg: dict) -> dict | None:
+    """p5 and interval of every token verified in bin ``b`` while it ran at its final budget (any version)."""
+    import numpy as np
+
+    from sparrow_server.autopilot.controller import DEFAULT_QUANTILE, quantile_interval
+
+    values = [a for r in records if r["schedule"] == name and r["budgets_tokens"][b] == budgets[b]
+              for a, n in zip(r["acceptance"], r["basis_lengths"]) if min(n // BIN, len(budgets) - 1) == b]
+    if not values:
+        return None
+    p5, low, high = quantile_interval(np.asarray(values), DEFAULT_QUANTILE, cfg["confidence"])
+    return {"budget_tokens": budgets[b], "n_tokens": len(values), "p5": p5, "p5_low": low, "p5_high": high}
+
+
 def report(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    sys.path.insert(0, str(REPO))
     out = Path(args.out)
     data = json.loads((out / "autopilot.json").read_text())
+    plan = data["starts"]
+    n_bins = len(plan[TIGHT])
     cfg = data["config"]
     target, margin = cfg["target"], cfg["margin"]
+    # The server's verified rollouts (GET /autopilot/evidence, saved while the run was alive), if kept.
+    evidence_path = out / "evidence.json"
+    evidence = json.loads(evidence_path.read_text())["records"] if evidence_path.exists() else None
     offline = json.loads(OFFLINE.read_text())["budgets_tokens"]
     # Token lengths (prompt + generated so far) of every step of every rollout, from its kv_budget_tokens count.
     lengths = [r["prompt_tokens"] + i for r in data["rollouts"] for i in range(len(r["kv_budget_tokens"]))]
     summary = {"target": target, "band": [target - 0.02, target + margin], "offline_schedule": offline,
                "offline_cost": attended_cost(offline, lengths), "schedules": {}}
-    fig, axes = plt.subplots(2, len(STARTS), figsize=(6 * len(STARTS), 8), sharex=True)
-    for col, name in enumerate(STARTS):
+    fig, axes = plt.subplots(2, len(plan), figsize=(6 * len(plan), 8), sharex=True)
+    for col, name in enumerate(plan):
         snaps = [s for s in data["snapshots"] if name in s]
         t = [s["t"] / 60 for s in snaps]
         final = snaps[-1][name]
         bins = []
-        for b in range(N_BINS):
+        for b in range(n_bins):
             budgets = [s[name]["budgets_tokens"][b] for s in snaps]
             p5 = [(s[name]["bins"][b]["evidence"] or {}).get("p5") for s in snaps]
-            axes[0][col].step(t, budgets, where="post", label=f"bin {b}")
+            line, = axes[0][col].step(t, budgets, where="post", label=f"bin {b}")
+            axes[0][col].axhline(offline[min(b, len(offline) - 1)], color=line.get_color(), linestyle=":", linewidth=1)
             axes[1][col].plot(t, [v if v is not None else float("nan") for v in p5], marker=".", label=f"bin {b}")
             ev = final["bins"][b]["evidence"]
             bins.append({"bin": b, "budget_tokens": final["budgets_tokens"][b], "evidence": ev,
                          "in_band": ev is not None and target - 0.02 <= ev["p5"] <= target + margin,
                          "at_floor": final["budgets_tokens"][b] == final["floor_tokens"]})
+        if evidence is not None:
+            for b, row in enumerate(bins):
+                row["at_final_budget"] = final_budget_p5(evidence, name, final["budgets_tokens"], b, cfg)
         summary["schedules"][name] = {
             "start": data["starts"][name], "final_version": final["version"], "final_budgets": final["budgets_tokens"],
             "cost": attended_cost(final["budgets_tokens"], lengths), "bins": bins,
             "versions": len(data["history"][name]["versions"])}
-        axes[0][col].plot(t, [offline[-1]] * len(t), "k:", label="offline last bin")
-        axes[0][col].set_title(f"{name}: budget per 64-token bin")
+        axes[0][col].set_title(f"{name}: budget per 64-token bin (dotted: offline-calibrated)")
         axes[0][col].set_ylabel("KV budget (tokens)")
         axes[1][col].axhspan(target - 0.02, target + margin, color="green", alpha=0.15, label="band")
         axes[1][col].axhline(target, color="red", linestyle="--", label="target")
@@ -167,14 +196,16 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run")
     r.add_argument("--out", required=True)
-    r.add_argument("--minutes", type=float, default=18)
+    r.add_argument("--minutes", type=float, default=28)
     r.add_argument("--target", type=float, default=0.89)
     r.add_argument("--margin", type=float, default=0.03)
-    r.add_argument("--min-tokens", type=int, default=192)
+    r.add_argument("--min-tokens", type=int, default=128)
     r.add_argument("--confidence", type=float, default=0.8)
     r.add_argument("--ceiling", type=int, default=384)
     r.add_argument("--verify-fraction", type=float, default=0.5)
-    r.add_argument("--new-tokens", type=int, default=320)
+    r.add_argument("--new-tokens", type=int, default=192)
+    r.add_argument("--bins", type=int, default=4, help="64-token length bins of the steered schedules")
+    r.add_argument("--loose-tokens", type=int, default=256, help="the far-too-loose start's budget in every bin")
     r.add_argument("--concurrency", type=int, default=6, help="rollouts in flight per schedule")
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--snapshot-s", type=float, default=30)

@@ -169,6 +169,8 @@ class DenseVerifier:
     def _done(self, future: Future) -> None:
         with self._lock:
             self._pending -= 1
+        if future.cancelled():  # close(wait=False) at shutdown cancels the jobs still queued
+            return
         exc = future.exception()
         if isinstance(exc, StaleVerificationError):
             log.info("%s", exc)
