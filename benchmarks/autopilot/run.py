@@ -55,6 +55,9 @@ def run(args) -> int:
     proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
     snapshots, rollouts, lock = [], [], threading.Lock()
     plan = starts(args.bins, args.loose_tokens)
+    if args.start_budgets:  # one schedule from given budgets (e.g. a converged one), for the weight-update run
+        plan = {"ap-weights": [int(b) for b in args.start_budgets.split(",")]}
+    updated_at = None
     started = time.monotonic()
     deadline = started + 60 * args.minutes
     try:
@@ -86,7 +89,12 @@ def run(args) -> int:
             t.start()
         while time.monotonic() < deadline:
             time.sleep(args.snapshot_s)
-            snap = {"t": time.monotonic() - started}
+            if args.weights and updated_at is None and time.monotonic() - started >= 60 * args.update_at_min:
+                r = http.post("/update_weights_from_disk", json={"model_path": args.weights, "weight_version": "perturbed"})
+                print(f"weight update: {r.status_code} {r.text[:300]}", flush=True)
+                r.raise_for_status()
+                updated_at = time.monotonic() - started
+            snap = {"t": time.monotonic() - started, "weights_updated_at": updated_at}
             for name in plan:
                 snap[name] = http.get(f"/schedules/{name}/autopilot").json()
             with lock:
@@ -141,7 +149,7 @@ def report(args) -> int:
     out = Path(args.out)
     data = json.loads((out / "autopilot.json").read_text())
     plan = data["starts"]
-    n_bins = len(plan[TIGHT])
+    n_bins = len(next(iter(plan.values())))
     cfg = data["config"]
     target, margin = cfg["target"], cfg["margin"]
     # The server's verified rollouts (GET /autopilot/evidence, saved while the run was alive), if kept.
@@ -152,7 +160,8 @@ def report(args) -> int:
     lengths = [r["prompt_tokens"] + i for r in data["rollouts"] for i in range(len(r["kv_budget_tokens"]))]
     summary = {"target": target, "band": [target - 0.02, target + margin], "offline_schedule": offline,
                "offline_cost": attended_cost(offline, lengths), "schedules": {}}
-    fig, axes = plt.subplots(2, len(plan), figsize=(6 * len(plan), 8), sharex=True)
+    fig, axes = plt.subplots(2, len(plan), figsize=(6 * len(plan) + 1, 8), sharex=True, squeeze=False)
+    updated = next((s["weights_updated_at"] for s in data["snapshots"] if s.get("weights_updated_at")), None)
     for col, name in enumerate(plan):
         snaps = [s for s in data["snapshots"] if name in s]
         t = [s["t"] / 60 for s in snaps]
@@ -182,6 +191,11 @@ def report(args) -> int:
         axes[1][col].set_ylim(0.5, 1.01)
         axes[1][col].set_ylabel("p5 of the evidence window")
         axes[1][col].set_xlabel("minutes")
+        if updated is not None:
+            for row_axes in axes:
+                row_axes[col].axvline(updated / 60, color="k", linewidth=1)
+            axes[0][col].annotate("weight update", (updated / 60, axes[0][col].get_ylim()[1]), fontsize=8,
+                                  xytext=(3, -12), textcoords="offset points")
     axes[0][0].legend(fontsize=7)
     axes[1][0].legend(fontsize=7)
     fig.tight_layout()
@@ -209,6 +223,9 @@ def main() -> int:
     r.add_argument("--concurrency", type=int, default=6, help="rollouts in flight per schedule")
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--snapshot-s", type=float, default=30)
+    r.add_argument("--start-budgets", default=None, help="steer one schedule from these budgets instead")
+    r.add_argument("--weights", default=None, help="a checkpoint to update the weights to during the run")
+    r.add_argument("--update-at-min", type=float, default=3.0)
     r.set_defaults(func=run)
     s = sub.add_parser("report")
     s.add_argument("--out", required=True)
