@@ -126,12 +126,15 @@ def attended_cost(budgets: list[int], lengths: list[int]) -> float:
 
 
 def final_budget_p5(records: list[dict], name: str, budgets: list[int], b: int, cfg: dict) -> dict | None:
-    """p5 and interval of every token verified in bin ``b`` while it ran at its final budget (any version)."""
+    """p5 and interval of every token verified in bin ``b`` while it ran at its final budget (any schedule
+    version) on the final weights."""
     import numpy as np
 
     from sparrow_server.autopilot.controller import DEFAULT_QUANTILE, quantile_interval
 
+    weights = records[-1]["weight_version"] if records else None  # the weights served at the end
     values = [a for r in records if r["schedule"] == name and r["budgets_tokens"][b] == budgets[b]
+              and r["weight_version"] == weights
               for a, n in zip(r["acceptance"], r["basis_lengths"]) if min(n // BIN, len(budgets) - 1) == b]
     if not values:
         return None
