@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "calibrate",
     "distill",
     "weights",
+    "autopilot",
 )
 
 

@@ -88,6 +88,34 @@ def acceptance_row(y: int) -> list[dict]:
     ]
 
 
+def autopilot_row(y: int) -> list[dict]:
+    budget = target(f"max by (schedule, length_bin) (sparrow_schedule_budget_tokens{{{SEL}}})",
+                    "{{schedule}} bin {{length_bin}}")
+    ceiling = target(f"max by (schedule) (sparrow_autopilot_ceiling_tokens{{{SEL}}})", "ceiling {{schedule}}", "B")
+    p5 = target(f"min by (schedule, length_bin) (sparrow_autopilot_p5{{{SEL}}})", "{{schedule}} bin {{length_bin}}")
+    goal = target(f"max by (schedule) (sparrow_autopilot_target{{{SEL}}})", "target {{schedule}}", "B")
+    return [
+        row("Schedule autopilot", y),
+        panel("timeseries", "Live KV budget per length bin (autopilot)", (0, y + 1, 9, 8), [budget, ceiling],
+              "The budget each length bin of the served schedule version has; the autopilot raises a bin fast "
+              "when its p5 falls below the target and lowers it one page at a time while p5 clears target + "
+              "margin. The dashed red line is the autopilot's ceiling.",
+              fieldConfig={"defaults": {"unit": "short", "custom": {"drawStyle": "line", "lineInterpolation": "stepAfter"}},
+                           "overrides": [threshold_line_override("ceiling .*")]}),
+        panel("timeseries", "Autopilot p5 per bin vs target", (9, y + 1, 9, 8), [p5, goal],
+              "p5 of each bin's evidence window (verified tokens at the bin's current budget, current weights) "
+              "against the autopilot's target (dashed red).",
+              fieldConfig={"defaults": {"unit": "percentunit", "min": 0.5, "max": 1, "decimals": 3},
+                           "overrides": [threshold_line_override("target .*")]}),
+        panel("timeseries", "Schedule version and autopilot changes", (18, y + 1, 6, 8),
+              [target(f"max by (schedule) (sparrow_schedule_version{{{SEL}}})", "version {{schedule}}"),
+               target(f"sum by (schedule, reason) (increase(sparrow_autopilot_changes_total{{{SEL}}}[$__rate_interval]))",
+                      "{{reason}} {{schedule}}", "B")],
+              "The version new requests resolve (one per server: a fleet autopilot keeps them equal) and the "
+              "budget changes per interval by reason (raise, lower, follow).", unit="short"),
+    ]
+
+
 def throughput_row(y: int) -> list[dict]:
     kv = [target(f"histogram_quantile({q}, sum by (schedule, le) (rate(sparrow_kv_budget_tokens_bucket{{{SEL}}}[$__rate_interval])))",
                  f"p{int(q * 100)} {{{{schedule}}}}", ref)
@@ -183,12 +211,14 @@ def variables() -> list[dict]:
 
 
 def dashboard() -> dict:
-    panels = [*acceptance_row(0), *throughput_row(20), *latency_row(29), *adapters_row(38), *router_row(47)]
+    panels = [*acceptance_row(0), *autopilot_row(20), *throughput_row(29), *latency_row(38), *adapters_row(47),
+              *router_row(56)]
     for panel_id, item in enumerate(panels, start=1):
         item["id"] = panel_id
     return {
         "uid": DASHBOARD_UID, "title": "Sparrow: sparse rollouts", "tags": ["sparrow", "sglang", "rl"],
-        "description": "Tail mismatch (p5 acceptance per length bin vs the schedule's threshold), sparsity, "
+        "description": "Tail mismatch (p5 acceptance per length bin vs the schedule's threshold), the schedule "
+                       "autopilot, sparsity, "
                        "throughput, latency, adapters and the router of a Sparrow fleet. Metrics: docs/metrics.md.",
         "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1, "refresh": "30s",
         "time": {"from": "now-3h", "to": "now"}, "timezone": "utc",

@@ -87,7 +87,7 @@ def sparrow_app(args: argparse.Namespace, parts: ServiceParts, engine, tokenizer
 
     adapters = default_adapter_manager(engine, persist_dir=parts.state.adapters, max_rank=args.max_lora_rank)
     return create_app(engine, parts.schedules, args.default_schedule, tokenizer, security=parts.security,
-                      limits=parts.limits, adapters=adapters, **parts.verify)
+                      limits=parts.limits, adapters=adapters, autopilot_dir=parts.state.autopilot, **parts.verify)
 
 
 def build_app(args: argparse.Namespace):

@@ -123,6 +123,8 @@ class DenseVerifier:
         # weights is dropped (a swap before or during scoring shows here).
         self.weight_version = weight_version
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparrow-verifier")
+        # Called with (job, scores) after each scored rollout, on the verifier's thread (the schedule autopilot).
+        self.listeners: list[Callable[[VerificationJob, AcceptanceScores], None]] = []
 
     def should_verify(self, requested: bool) -> bool:
         """Decide at admission: always when requested, else with probability ``sample_fraction``."""
@@ -140,6 +142,8 @@ class DenseVerifier:
         result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start)
         if self.metrics is not None:
             self.metrics.observe(job.schedule, scores.acceptance, scores.basis_lengths)
+        for listener in self.listeners:
+            listener(job, scores)
         return result
 
     def _check_weights(self, job: VerificationJob) -> None:
@@ -165,6 +169,8 @@ class DenseVerifier:
     def _done(self, future: Future) -> None:
         with self._lock:
             self._pending -= 1
+        if future.cancelled():  # close(wait=False) at shutdown cancels the jobs still queued
+            return
         exc = future.exception()
         if isinstance(exc, StaleVerificationError):
             log.info("%s", exc)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any
 
 from fastapi import Body, Depends, FastAPI, Request
@@ -27,6 +28,7 @@ from sparrow_server.server.admission import (
     install_admission,
 )
 from sparrow_server.server.api_models import RolloutIn
+from sparrow_server.server.autopilot import ServerAutopilot, install_autopilot_routes
 from sparrow_server.server.control import install_control_routes
 from sparrow_server.server.default_schedule import install_default_schedule_routes, saved_default
 from sparrow_server.server.errors import error_response, install_error_handlers
@@ -41,7 +43,7 @@ from sparrow_server.server.security import SecurityConfig, install_security, req
 from sparrow_server.server.service import RolloutService
 from sparrow_server.server.shutdown import install_shutdown
 from sparrow_server.server.weights import install_weight_routes
-from sparrow_server.sparsity.registry import ScheduleRegistry
+from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
 
 
@@ -49,7 +51,8 @@ from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError,
 def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, default_schedule: str = DENSE_SCHEDULE_NAME,
                tokenizer: Any | None = None, metrics: ServiceMetrics | None = None,
                security: SecurityConfig | None = None, limits: Limits | None = None,
-               verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None) -> FastAPI:
+               verify_fraction: float = DEFAULT_SAMPLE_FRACTION, adapters: AdapterManager | None = None,
+               autopilot_dir: Path | None = None) -> FastAPI:
     schedules = schedules or ScheduleRegistry()
     schedules.get(default_schedule)  # an unknown default fails at start, not per request
     startup_default, default_schedule = default_schedule, saved_default(schedules) or default_schedule
@@ -57,6 +60,9 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     service = RolloutService(GatedEngine(engine, adapters), schedules, metrics or ServiceMetrics(), default_schedule,
                              tokenizer)
     service.verifier = build_verifier(engine, service.metrics.acceptance, verify_fraction)
+    autopilot = ServerAutopilot(service, service.metrics.registry, autopilot_dir)
+    if service.verifier is not None:
+        service.verifier.listeners.append(autopilot.on_verified)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -70,13 +76,15 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
 
     app = FastAPI(title="Sparrow Server", version="0.1.0", lifespan=lifespan, dependencies=[Depends(check_json_body)])
     app.state.service = service
+    app.state.autopilot = autopilot
     app.state.engine = engine
     install_error_handlers(app)
     _hardening(app, service, security, limits or Limits())
     _rollout_routes(app, service)
     install_generate_routes(app, service)
     install_openai_routes(app, service)
-    _schedule_routes(app, service)
+    _schedule_routes(app, service, autopilot)
+    install_autopilot_routes(app, autopilot)
     install_default_schedule_routes(app, service, startup_default)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
@@ -128,7 +136,7 @@ def _rollout_routes(app: FastAPI, service: RolloutService) -> None:
         return results[0] if n == 1 else {"rid": ro.rid, "n": n, "samples": results}
 
 
-def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
+def _schedule_routes(app: FastAPI, service: RolloutService, autopilot: ServerAutopilot) -> None:
     @app.get("/schedules")
     async def list_schedules():
         return {"default": service.default_schedule,
@@ -136,7 +144,14 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
 
     @app.get("/schedules/{name}")
     async def get_schedule(name: str):
-        return service.schedules.get(name).to_dict()
+        base, _, version = name.partition("@")
+        try:
+            return service.schedules.get(name).to_dict()
+        except UnknownScheduleError:
+            older = autopilot.history.version(base, int(version)) if version.isdigit() else None
+            if older is None:
+                raise
+            return older.to_dict()  # a version served before (GET /schedules/{name}/history)
 
     @app.put("/schedules/{name}", dependencies=[Depends(require_admin)])
     async def put_schedule(name: str, body: Any = Body(...)):
@@ -145,10 +160,18 @@ def _schedule_routes(app: FastAPI, service: RolloutService) -> None:
         data = {**body}
         if data.setdefault("name", name) != name:
             raise ScheduleError("name", data["name"], f"differs from the name in the path ({name!r})")
+        if "version" not in data and name in service.schedules and not service.schedules.is_builtin(name):
+            current = service.schedules.get(name)  # a change publishes the next version; the same content keeps it
+            if schedule_from_dict({**data, "version": current.version}) != current:
+                data["version"] = current.version + 1
+            else:
+                data["version"] = current.version
         schedule = schedule_from_dict(data)
         service.engine.check_schedule(schedule)
         persist = service.schedules.persist_dir is not None
         service.schedules.register(schedule, persist=persist, replace=True)
+        autopilot.history.record(schedule, "put", weight_version=service.engine.info().weight_version or None)
+        autopilot.metrics.publish_schedule(schedule)
         return schedule.to_dict()
 
 

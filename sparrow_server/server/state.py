@@ -1,4 +1,5 @@
-"""The server's state directory: what survives a restart (registered schedules now; adapters later)."""
+"""The server's state directory: what survives a restart (registered schedules, adapters, autopilot
+configs and schedule version history)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,7 +24,11 @@ class StateDir:
     def adapters(self) -> Path:
         return self.root / "adapters"
 
+    @property
+    def autopilot(self) -> Path:
+        return self.root / "autopilot"
+
     def create(self) -> "StateDir":
-        for d in (self.root, self.schedules, self.adapters):
+        for d in (self.root, self.schedules, self.adapters, self.autopilot):
             d.mkdir(parents=True, exist_ok=True)
         return self

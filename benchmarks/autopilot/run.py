@@ -1,0 +1,241 @@
+"""Autopilot demonstration on the embedded model (CPU): two copies of a schedule, one far too tight and
+one far too loose, steered live by the server's autopilot while rollouts run with sampled dense
+verification. Writes ``autopilot.json`` (every snapshot: version, budgets, per-bin evidence) and the
+rollouts' lengths, then ``report`` turns it into plots and the attended-token cost comparison.
+
+    PYTHONPATH=. python benchmarks/autopilot/run.py run --out benchmarks/results/autopilot --minutes 28
+    PYTHONPATH=. python benchmarks/autopilot/run.py report --out benchmarks/results/autopilot
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "benchmarks" / "fidelity" / "prompts.jsonl"
+OFFLINE = REPO / "benchmarks" / "results" / "fidelity" / "fine" / "calibrated_schedule.json"
+BIN, PAGE = 64, 16
+BASE = {"bin_tokens": BIN, "page_size": PAGE, "dense_layers": [0, 1], "threshold": 0.89}
+TIGHT, LOOSE = "ap-tight", "ap-loose"
+
+
+def starts(n_bins: int, loose_tokens: int) -> dict[str, list[int]]:
+    """The smallest valid budget everywhere (far too tight), and a budget dense for most lengths (far too loose)."""
+    return {TIGHT: [64] * n_bins, LOOSE: [loose_tokens] * n_bins}
+
+
+def pilot_config(args) -> dict:
+    return {"target": args.target, "margin": args.margin, "min_tokens": args.min_tokens, "confidence": args.confidence,
+            "ceiling_tokens": args.ceiling}
+
+
+def run(args) -> int:
+    sys.path.insert(0, str(REPO))
+    from sparrow_server.commands.demo import free_port, wait_healthy
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line.strip()]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    state = tempfile.mkdtemp(prefix="sparrow-autopilot-")
+    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference", "--device", "cpu",
+           "--port", str(port), "--state-dir", state, "--log-level", "warning", "--threads", str(args.threads),
+           "--verify-fraction", str(args.verify_fraction), "--max-batch-size", str(2 * args.concurrency)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO)})
+    snapshots, rollouts, lock = [], [], threading.Lock()
+    plan = starts(args.bins, args.loose_tokens)
+    if args.start_budgets:  # one schedule from given budgets (e.g. a converged one), for the weight-update run
+        plan = {"ap-weights": [int(b) for b in args.start_budgets.split(",")]}
+    updated_at = None
+    started = time.monotonic()
+    deadline = started + 60 * args.minutes
+    try:
+        wait_healthy(url, proc)
+        http = httpx.Client(base_url=url, timeout=1800)
+        for name, budgets in plan.items():
+            http.put(f"/schedules/{name}", json={**BASE, "budgets_tokens": budgets}).raise_for_status()
+            http.put(f"/schedules/{name}/autopilot", json=pilot_config(args)).raise_for_status()
+        seeds = itertools.count()
+
+        def worker(name: str) -> None:
+            while time.monotonic() < deadline:
+                seed = next(seeds)
+                body = {"text": prompts[seed % len(prompts)], "apply_chat_template": True, "schedule": name,
+                        "sampling_params": {"max_new_tokens": args.new_tokens, "temperature": 1.0, "seed": seed,
+                                            "ignore_eos": True}}
+                r = http.post("/rollout", json=body)
+                r.raise_for_status()
+                res = r.json()
+                with lock:
+                    rollouts.append({"t": time.monotonic() - started, "schedule": name,
+                                     "schedule_id": res["meta"]["schedule_id"],
+                                     "prompt_tokens": res["meta"].get("prompt_tokens"),
+                                     "kv_budget_tokens": res["kv_budget_tokens"]})
+
+        threads = [threading.Thread(target=worker, args=(name,), daemon=True)
+                   for name in plan for _ in range(args.concurrency)]
+        for t in threads:
+            t.start()
+        while time.monotonic() < deadline:
+            time.sleep(args.snapshot_s)
+            if args.weights and updated_at is None and time.monotonic() - started >= 60 * args.update_at_min:
+                r = http.post("/update_weights_from_disk", json={"model_path": args.weights, "weight_version": "perturbed"})
+                print(f"weight update: {r.status_code} {r.text[:300]}", flush=True)
+                r.raise_for_status()
+                updated_at = time.monotonic() - started
+            snap = {"t": time.monotonic() - started, "weights_updated_at": updated_at}
+            for name in plan:
+                snap[name] = http.get(f"/schedules/{name}/autopilot").json()
+            with lock:
+                snap["rollouts_done"] = len(rollouts)
+            snapshots.append(snap)
+            brief = {n: (snap[n]["version"], snap[n]["budgets_tokens"]) for n in plan}
+            print(f"[{snap['t']:6.0f} s] rollouts {snap['rollouts_done']}: {brief}", flush=True)
+            _save(out, args, plan, snapshots, rollouts, http)
+        for t in threads:
+            t.join()
+        _save(out, args, plan, snapshots, rollouts, http)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    return 0
+
+
+def _save(out: Path, args, plan, snapshots, rollouts, http) -> None:
+    history = {n: http.get(f"/schedules/{n}/history").json() for n in plan}
+    data = {"command": " ".join(sys.argv), "config": pilot_config(args), "verify_fraction": args.verify_fraction,
+            "new_tokens": args.new_tokens, "concurrency_per_schedule": args.concurrency, "starts": plan,
+            "snapshots": snapshots, "history": history, "rollouts": rollouts}
+    (out / "autopilot.json").write_text(json.dumps(data) + "\n")
+
+
+def attended_cost(budgets: list[int], lengths: list[int]) -> float:
+    """Mean KV tokens a sparse layer attends per generated token: min(budget of the length's bin, length)."""
+    return sum(min(budgets[min(n // BIN, len(budgets) - 1)], n) for n in lengths) / len(lengths)
+
+
+def final_budget_p5(records: list[dict], name: str, budgets: list[int], b: int, cfg: dict) -> dict | None:
+    """p5 and interval of every token verified in bin ``b`` while it ran at its final budget (any schedule
+    version) on the final weights."""
+    import numpy as np
+
+    from sparrow_server.autopilot.controller import DEFAULT_QUANTILE, quantile_interval
+
+    weights = records[-1]["weight_version"] if records else None  # the weights served at the end
+    values = [a for r in records if r["schedule"] == name and r["budgets_tokens"][b] == budgets[b]
+              and r["weight_version"] == weights
+              for a, n in zip(r["acceptance"], r["basis_lengths"]) if min(n // BIN, len(budgets) - 1) == b]
+    if not values:
+        return None
+    p5, low, high = quantile_interval(np.asarray(values), DEFAULT_QUANTILE, cfg["confidence"])
+    return {"budget_tokens": budgets[b], "n_tokens": len(values), "p5": p5, "p5_low": low, "p5_high": high}
+
+
+def report(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sys.path.insert(0, str(REPO))
+    out = Path(args.out)
+    data = json.loads((out / "autopilot.json").read_text())
+    plan = data["starts"]
+    n_bins = len(next(iter(plan.values())))
+    cfg = data["config"]
+    target, margin = cfg["target"], cfg["margin"]
+    # The server's verified rollouts (GET /autopilot/evidence, saved while the run was alive), if kept.
+    evidence_path = out / "evidence.json"
+    evidence = json.loads(evidence_path.read_text())["records"] if evidence_path.exists() else None
+    offline = json.loads(OFFLINE.read_text())["budgets_tokens"]
+    # Token lengths (prompt + generated so far) of every step of every rollout, from its kv_budget_tokens count.
+    lengths = [r["prompt_tokens"] + i for r in data["rollouts"] for i in range(len(r["kv_budget_tokens"]))]
+    summary = {"target": target, "band": [target - 0.02, target + margin], "offline_schedule": offline,
+               "offline_cost": attended_cost(offline, lengths), "schedules": {}}
+    fig, axes = plt.subplots(2, len(plan), figsize=(6 * len(plan) + 1, 8), sharex=True, squeeze=False)
+    updated = next((s["weights_updated_at"] for s in data["snapshots"] if s.get("weights_updated_at")), None)
+    for col, name in enumerate(plan):
+        snaps = [s for s in data["snapshots"] if name in s]
+        t = [s["t"] / 60 for s in snaps]
+        final = snaps[-1][name]
+        bins = []
+        for b in range(n_bins):
+            budgets = [s[name]["budgets_tokens"][b] for s in snaps]
+            p5 = [(s[name]["bins"][b]["evidence"] or {}).get("p5") for s in snaps]
+            line, = axes[0][col].step(t, budgets, where="post", label=f"bin {b}")
+            axes[0][col].axhline(offline[min(b, len(offline) - 1)], color=line.get_color(), linestyle=":", linewidth=1)
+            axes[1][col].plot(t, [v if v is not None else float("nan") for v in p5], marker=".", label=f"bin {b}")
+            ev = final["bins"][b]["evidence"]
+            bins.append({"bin": b, "budget_tokens": final["budgets_tokens"][b], "evidence": ev,
+                         "in_band": ev is not None and target - 0.02 <= ev["p5"] <= target + margin,
+                         "at_floor": final["budgets_tokens"][b] == final["floor_tokens"]})
+        if evidence is not None:
+            for b, row in enumerate(bins):
+                row["at_final_budget"] = final_budget_p5(evidence, name, final["budgets_tokens"], b, cfg)
+        summary["schedules"][name] = {
+            "start": data["starts"][name], "final_version": final["version"], "final_budgets": final["budgets_tokens"],
+            "cost": attended_cost(final["budgets_tokens"], lengths), "bins": bins,
+            "versions": len(data["history"][name]["versions"])}
+        axes[0][col].set_title(f"{name}: budget per 64-token bin (dotted: offline-calibrated)")
+        axes[0][col].set_ylabel("KV budget (tokens)")
+        axes[1][col].axhspan(target - 0.02, target + margin, color="green", alpha=0.15, label="band")
+        axes[1][col].axhline(target, color="red", linestyle="--", label="target")
+        axes[1][col].set_ylim(0.5, 1.01)
+        axes[1][col].set_ylabel("p5 of the evidence window")
+        axes[1][col].set_xlabel("minutes")
+        if updated is not None:
+            for row_axes in axes:
+                row_axes[col].axvline(updated / 60, color="k", linewidth=1)
+            axes[0][col].annotate("weight update", (updated / 60, axes[0][col].get_ylim()[1]), fontsize=8,
+                                  xytext=(3, -12), textcoords="offset points")
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "autopilot_convergence.png", dpi=110)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--out", required=True)
+    r.add_argument("--minutes", type=float, default=28)
+    r.add_argument("--target", type=float, default=0.89)
+    r.add_argument("--margin", type=float, default=0.03)
+    r.add_argument("--min-tokens", type=int, default=128)
+    r.add_argument("--confidence", type=float, default=0.8)
+    r.add_argument("--ceiling", type=int, default=384)
+    r.add_argument("--verify-fraction", type=float, default=0.5)
+    r.add_argument("--new-tokens", type=int, default=192)
+    r.add_argument("--bins", type=int, default=4, help="64-token length bins of the steered schedules")
+    r.add_argument("--loose-tokens", type=int, default=256, help="the far-too-loose start's budget in every bin")
+    r.add_argument("--concurrency", type=int, default=6, help="rollouts in flight per schedule")
+    r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--snapshot-s", type=float, default=30)
+    r.add_argument("--start-budgets", default=None, help="steer one schedule from these budgets instead")
+    r.add_argument("--weights", default=None, help="a checkpoint to update the weights to during the run")
+    r.add_argument("--update-at-min", type=float, default=3.0)
+    r.set_defaults(func=run)
+    s = sub.add_parser("report")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=report)
+    args = p.parse_args()
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
