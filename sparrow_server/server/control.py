@@ -118,8 +118,8 @@ def _info_routes(app: FastAPI, service: RolloutService, engine: Engine) -> None:
         sections = {s.strip() for s in include.split(",")} if include else set()
         unknown = sections - LOAD_SECTIONS
         if unknown:
-            return JSONResponse({"detail": f"Invalid include sections: {sorted(unknown)}. "
-                                           f"Valid options: {sorted(LOAD_SECTIONS)}"}, status_code=400)
+            message = f"Invalid include sections: {sorted(unknown)}. Valid options: {sorted(LOAD_SECTIONS)}"
+            return _failure(message, "invalid_request")  # SGLang's 400 and "detail", plus this service's "error"
         return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": __version__,
                 "accelerator": None, "num_accelerators": 0,
                 "loads": [] if dp_rank not in (None, 0) else [core_load(engine)]}

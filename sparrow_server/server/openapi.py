@@ -46,8 +46,28 @@ ROUTE_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("DELETE", "/adapters/{name}"): ADAPTER_CHANGE,
     ("PUT", "/adapters/aliases/{alias}"): ADAPTER_CHANGE,
     ("DELETE", "/adapters/aliases/{alias}"): ADAPTER_CHANGE,
+    ("GET", "/v1/models/{model:path}"): (404,),
+    ("GET", "/schedules/{name}/history"): (404,),
+    ("GET", "/schedules/{name}/autopilot"): (404,),
+    ("PUT", "/schedules/{name}/autopilot"): (404, 409),
+    ("DELETE", "/schedules/{name}/autopilot"): (404,),
+    ("POST", "/schedules/{name}/versions"): (404, 409),
+    ("POST", "/default_schedule"): (404, 409),
+    ("GET", "/v1/loads"): (400,),
+    **{(m, path): (400,) for m in ("POST",) for path in (
+        "/update_weights_from_tensor", "/init_weights_update_group", "/update_weights_from_distributed",
+        "/destroy_weights_update_group")},
 }
 TEXT_ROUTES = {("GET", "/metrics"): "text/plain"}
+# SGLang's own non-JSON answers, kept byte-compatible for its clients: (method, path) -> {code: description}
+_TEXT = {"text/plain": {"schema": {"type": "string"}}}
+PLAIN_ROUTES: dict[tuple[str, str], dict[int, dict[str, Any]]] = {
+    **{(m, "/flush_cache"): {200: {"description": "Cache flushed (plain text)", "content": _TEXT},
+                             400: {"description": "Requests are running (plain text, as SGLang)", "content": _TEXT}}
+       for m in ("GET", "POST")},
+    ("GET", "/health_generate"): {200: {"description": "The engine produced a token (empty body, as SGLang)"},
+                                  503: {"description": "No token within SGLang's 20 s (empty body)"}},
+}
 HEALTH = ("GET", "/health")
 
 
@@ -120,7 +140,7 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
         if not route.include_in_schema:
             continue
         for method in route.methods:
-            operation = schema["paths"][route.path][method.lower()]
+            operation = schema["paths"][route.path_format][method.lower()]  # path_format: no ":path" convertors
             responses = operation.setdefault("responses", {})
             for code in sorted(_error_codes(route, method)):
                 responses[str(code)] = _json(_ref("ErrorBody"), DESCRIPTIONS[code])
@@ -128,6 +148,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
                 responses["200"] = _json(_ref("HealthBody"), "Engine healthy")
                 responses["503"] = _json({"anyOf": [_ref("HealthBody"), _ref("ErrorBody")]},
                                          "Engine loop not running, or shutting down")
+            for code, response in PLAIN_ROUTES.get((method, route.path), {}).items():
+                responses[str(code)] = response
             media = TEXT_ROUTES.get((method, route.path))
             if media is not None:
                 responses["200"] = {"description": "Prometheus exposition text", "content": {media: {"schema": {"type": "string"}}}}
