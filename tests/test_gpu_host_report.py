@@ -5,6 +5,7 @@ import json
 import sys
 
 import numpy as np
+import pytest
 
 from helpers.server_util import REPO
 
@@ -45,3 +46,39 @@ def test_report_tables_and_plots(tmp_path):
     assert "speedup 1.5x" in table
     R.plots(result, heldout, tmp_path)
     assert (tmp_path / "p5_vs_length.png").stat().st_size > 1000 and (tmp_path / "heldout_schedule.png").is_file()
+
+
+def test_cross_engine_tables_without_heldout_or_throughput(tmp_path, monkeypatch):
+    """Call 3's arrays alone (call 4 not run): logprob-difference multiples of the dense floor, the monitor's gap."""
+    rng = np.random.default_rng(1)
+    tokens = _arrays(rng)
+    n = tokens["xe-fixed-256/exact"].size
+    dense_diff = rng.exponential(0.02, n).astype(np.float32)
+    tokens.update({"dense/exact": np.ones(n, np.float32), "dense/length": tokens["xe-fixed-256/length"],
+                   "dense/lower_bound": np.full(n, 0.8, np.float32), "dense/abs_logprob_diff": dense_diff,
+                   "xe-fixed-256/abs_logprob_diff": 3 * dense_diff, "xe-fixed-1024/abs_logprob_diff": dense_diff})
+    # the bound sits 0.1 below exact, except on every 10th token where it is 0.05 above (cross-engine rounding)
+    lb = tokens["xe-fixed-256/exact"] - 0.1
+    lb[::10] += 0.15
+    tokens["xe-fixed-256/lower_bound"] = lb
+    np.savez_compressed(tmp_path / "t.npz", **tokens)
+
+    diff = R.logprob_diff(tokens)
+    assert list(diff) == ["xe-fixed-256", "xe-fixed-1024", "dense"]
+    assert diff["xe-fixed-256"]["median_x_dense"] == pytest.approx(3, rel=1e-5)
+    assert diff["xe-fixed-1024"]["p99_x_dense"] == pytest.approx(1) and diff["dense"]["max"] == pytest.approx(dense_diff.max())
+    gap = R.monitor_gap(tokens, bin_tokens=1024)
+    assert [b["from"] for b in gap["xe-fixed-256"]] == [0, 1024, 2048, 3072]
+    for b in gap["xe-fixed-256"]:
+        assert b["above_share"] == pytest.approx(0.1, abs=0.01) and b["mean_gap"] == pytest.approx(0.085, abs=0.005)
+    assert all(b["above_share"] == 0 and b["mean_gap"] == pytest.approx(0.2) for b in gap["dense"])
+
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["report8k", "--tokens", str(tmp_path / "t.npz"), "--bin-tokens", "1024",
+                                      "--out", str(out)])
+    assert R.main() == 0
+    tables = (out / "tables.md").read_text()
+    assert "| xe-fixed-256 | 12108 |" in tables and "| dense | 3072 |" in tables and "Held-out" not in tables
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["throughput"] is None and set(summary["monitor_gap"]) == {"xe-fixed-256", "xe-fixed-1024", "dense"}
+    assert (out / "monitor_bound_vs_exact.png").stat().st_size > 1000 and not (out / "heldout_schedule.png").exists()

@@ -1,15 +1,18 @@
 """The 8K GPU study's tables and plots, on a CPU, from what calls 3 and 4 brought back.
 
-Inputs: call 3's per-token arrays (``cross_engine.tokens.npz``: exact acceptance and tokens attended
-per token, fixed budgets 256/512/1024 and dense), call 4's ``heldout.json`` and ``throughput.json``.
-Outputs ``summary.json`` and PNGs in ``--out``, and prints the markdown tables of the fidelity study:
+Inputs: call 3's per-token arrays (``cross_engine.tokens.npz``: per schedule (fixed budgets 256/512/1024
+and dense) the |server - float32 reference| logprob of the sampled token, the exact acceptance, the
+server's top-20 lower bound and the tokens attended, per token), and, optional (call 4), ``heldout.json``
+and ``throughput.json``. Writes ``summary.json``, ``tables.md`` (also printed) and PNGs into ``--out``. The tables:
+the cross-engine ones (|logprob difference| per schedule against the dense bf16 floor; the live
+monitor's lower bound against the exact acceptance per length bin), then those of the fidelity study:
 (a) skew: mean vs p5 (all tokens, and the sparse region where the length exceeds the budget);
 (b) p5 per length bin at each fixed budget, and Pearson r between acceptance and length (sparse
 region, per token) and between bin p5 and bin start; (c) held-out p5 per bin of the calibrated
 schedule vs the same-cost fixed budget, against target +- 0.02; (d) Beta fit of the tail (KS).
 
-    python benchmarks/gpu_host/report8k.py --tokens X/cross_engine.tokens.npz --heldout X/heldout.json \\
-        --throughput X/throughput.json --bin-tokens 1024 --out benchmarks/results/fidelity/gpu8k
+    python benchmarks/gpu_host/report8k.py --tokens X/cross_engine.tokens.npz [--heldout X/heldout.json \\
+        --throughput X/throughput.json] --bin-tokens 1024 --out benchmarks/results/fidelity/gpu8k
 """
 from __future__ import annotations
 
@@ -31,6 +34,56 @@ def fixed_budgets(tokens: dict[str, np.ndarray]) -> dict[int, str]:
     """budget -> schedule name, for the fixed-budget schedules in the arrays."""
     names = {k.split("/")[0] for k in tokens}
     return dict(sorted((int(m.group(1)), n) for n in names if (m := FIXED.search(n))))
+
+
+def logprob_diff(tokens: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per schedule: median / p99 / max |logprob difference|, and median and p99 as multiples of the dense floor's."""
+    names = sorted({k.split("/")[0] for k in tokens if k.endswith("/abs_logprob_diff")}, key=_schedule_order)
+    stats = {n: {"tokens": int(tokens[f"{n}/abs_logprob_diff"].size),
+                 **{q: float(f(tokens[f"{n}/abs_logprob_diff"].astype(np.float64))) for q, f in
+                    (("median", np.median), ("p99", lambda x: np.quantile(x, 0.99)), ("max", np.max))}} for n in names}
+    floor = stats.get("dense")
+    for st in stats.values():
+        st["median_x_dense"] = st["median"] / floor["median"] if floor else None
+        st["p99_x_dense"] = st["p99"] / floor["p99"] if floor else None
+    return stats
+
+
+def monitor_gap(tokens: dict[str, np.ndarray], bin_tokens: int) -> dict[str, list[dict]]:
+    """Per schedule and length bin: how far the server's top-20 lower bound sits below the exact acceptance.
+    ``p5_gap`` is exact p5 minus lower-bound p5 (what a monitor reading the bound's p5 under-reports);
+    ``above_share`` the share of tokens whose bound exceeds the exact value by more than 1e-3."""
+    out = {}
+    for name in sorted({k.split("/")[0] for k in tokens if k.endswith("/lower_bound")}, key=_schedule_order):
+        ex, lb = tokens[f"{name}/exact"].astype(np.float64), tokens[f"{name}/lower_bound"].astype(np.float64)
+        which = tokens[f"{name}/length"] // bin_tokens
+        out[name] = [{"from": int(b) * bin_tokens, "tokens": int(m.sum()), "exact_mean": float(ex[m].mean()),
+                      "lower_mean": float(lb[m].mean()), "mean_gap": float((ex[m] - lb[m]).mean()),
+                      "exact_p5": float(np.quantile(ex[m], 0.05)), "lower_p5": float(np.quantile(lb[m], 0.05)),
+                      "p5_gap": float(np.quantile(ex[m], 0.05) - np.quantile(lb[m], 0.05)),
+                      "above_share": float(np.mean(lb[m] > ex[m] + 1e-3))}
+                     for b in np.unique(which) if (m := which == b).any()]
+    return out
+
+
+def _schedule_order(name: str) -> tuple[int, int]:
+    m = FIXED.search(name)
+    return (0, int(m.group(1))) if m else (1, 0)
+
+
+def cross_engine_markdown(diff: dict[str, dict], gap: dict[str, list[dict]]) -> str:
+    lines = ["| schedule | tokens | median | p99 | max | median / dense | p99 / dense |", "|---|---|---|---|---|---|---|"]
+    for name, st in diff.items():
+        lines.append(f"| {name} | {st['tokens']} | {st['median']:.4f} | {st['p99']:.4f} | {st['max']:.3f} | "
+                     f"{_f(st['median_x_dense'])} | {_f(st['p99_x_dense'])} |")
+    lines += ["", "| schedule | bin from | tokens | exact mean | bound mean | mean gap | exact p5 | bound p5 | p5 gap | "
+                  "bound > exact |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, bins in gap.items():
+        for b in bins:
+            lines.append(f"| {name} | {b['from']} | {b['tokens']} | {b['exact_mean']:.3f} | {b['lower_mean']:.3f} | "
+                         f"{b['mean_gap']:.3f} | {b['exact_p5']:.3f} | {b['lower_p5']:.3f} | {b['p5_gap']:.3f} | "
+                         f"{100 * b['above_share']:.1f}% |")
+    return "\n".join(lines)
 
 
 def skew(acc: np.ndarray) -> dict:
@@ -91,6 +144,25 @@ def _f(x) -> str:
     return "–" if x is None else f"{x:.2f}"
 
 
+def monitor_plot(gap: dict[str, list[dict]], out: Path) -> None:
+    """Exact p5 (solid) and the top-20 lower bound's p5 (dashed) per length bin, per schedule."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, bins in gap.items():
+        x = [b["from"] for b in bins]
+        line, = ax.plot(x, [b["exact_p5"] for b in bins], marker="o", label=f"{name} exact")
+        ax.plot(x, [b["lower_p5"] for b in bins], marker="x", ls="--", color=line.get_color(), label=f"{name} top-20 bound")
+    ax.set(xlabel="total length (bin start, tokens)", ylabel="p5 acceptance", title="live monitor's bound vs exact")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "monitor_bound_vs_exact.png", dpi=110)
+    plt.close(fig)
+
+
 def plots(result: dict, heldout: dict | None, out: Path) -> None:
     import matplotlib
 
@@ -132,13 +204,18 @@ def main() -> int:
     with np.load(args.tokens) as z:
         tokens = dict(z)
     result = study(tokens, args.bin_tokens)
+    diff, gap = logprob_diff(tokens), monitor_gap(tokens, args.bin_tokens)
     heldout = json.loads(args.heldout.read_text()) if args.heldout else None
     throughput = json.loads(args.throughput.read_text()) if args.throughput else None
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps({"bin_tokens": args.bin_tokens, "fixed": result,
+                                                       "logprob_diff": diff, "monitor_gap": gap,
                                                        "throughput": throughput}, indent=1) + "\n")
     plots(result, heldout, args.out)
-    print(markdown(result, heldout, throughput))
+    monitor_plot(gap, args.out)
+    tables = cross_engine_markdown(diff, gap) + "\n\n" + markdown(result, heldout, throughput) + "\n"
+    (args.out / "tables.md").write_text(tables)
+    print(tables, end="")
     return 0
 
 
