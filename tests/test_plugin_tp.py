@@ -156,3 +156,21 @@ def test_rank_selection_matches_one_rank(total, tp, seed):
                 assert len(got) == len(want)
                 if tp <= total:
                     assert got == want, (r, b, h)
+
+
+def test_selection_records_carry_global_kv_heads(tmp_path):
+    """A TP rank's debug records name its KV heads by their global number (what cross_engine compares)."""
+    from sparrow_server.sglang_plugin import selection_debug as D
+    from test_selection_debug import _selected
+
+    plan, ids, r2t, rows, lengths, want = _selected(3, lengths=[130, 192, 300, 448, 77])
+    heads = rank_kv_heads(6, 2, 1)  # the pool of rank 1 of 2 holds global heads 3, 4, 5
+    rec = D.SelectionRecorder(tmp_path, 64, PS, plan.num_kv_heads, heads=heads)
+    rec.record(5, rows, lengths, np.arange(5) + 100, plan.row_indptr, ids, r2t, real_bs=5)
+    rec.flush()
+    got = D.load_records(tmp_path)
+    assert got["head"].tolist() == list(heads) * 2  # requests 1 and 3 (lengths 192, 448)
+    for i, (b, j) in enumerate([(b, j) for b in (1, 3) for j in range(len(heads))]):
+        assert got["pages"][i].tolist() == sorted(want[b * len(heads) + j])
+    with pytest.raises(ValueError, match="heads="):
+        D.SelectionRecorder(tmp_path, 64, PS, 3, heads=(0, 1))
