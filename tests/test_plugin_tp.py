@@ -174,3 +174,18 @@ def test_selection_records_carry_global_kv_heads(tmp_path):
         assert got["pages"][i].tolist() == sorted(want[b * len(heads) + j])
     with pytest.raises(ValueError, match="heads="):
         D.SelectionRecorder(tmp_path, 64, PS, 3, heads=(0, 1))
+
+
+def test_throughput_benchmark_passes_tp_size_only_when_asked():
+    import argparse
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import sglang_throughput as T
+
+    args = argparse.Namespace(context_length=40960, max_running_requests=64, cuda_graph_max_bs=64, server_args=[],
+                              tp_size=1)
+    assert "--tp-size" not in T.server_flags(args)  # one GPU: the same flags as before
+    flags = T.server_flags(argparse.Namespace(**{**vars(args), "tp_size": 2}))
+    assert flags[flags.index("--tp-size") + 1] == "2"
