@@ -13,6 +13,8 @@ Each run also records the memory-roofline ratio (dense bytes / sparse bytes per 
 KV + landmarks, from ``sparrow_server.cost.roofline``) for the same workload.
 
 Example (GPU host, kit installed): python benchmarks/sglang_throughput.py --sizes qwen3-1.7b --out-dir $OUT
+``--tp-size N`` serves both backends with N-way tensor parallelism (NVLink multicast off:
+``NCCL_NVLS_ENABLE=0``); the roofline ratio is the whole model's, which TP splits evenly.
 """
 from __future__ import annotations
 
@@ -65,6 +67,8 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     model_dir = S.write_config(work_dir / size, cfg)
     env = {"SPARROW_DEFAULT_SCHEDULE": schedule.name,
            "SPARROW_TOPK_CAP_TOKENS": str(max(schedule.budgets_tokens))}
+    if args.tp_size > 1:
+        env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on the lent multi-GPU hosts
     log = out_dir / f"server-{size}-{backend}.log"
     srv = S.Server(model_dir, server_flags(args) + ["--attention-backend", backend], log, port=30100, env=env)
     res = {}
@@ -115,9 +119,10 @@ def roofline_ratio(cfg, size, schedule, workload, context, batch, gen_len, promp
 
 def server_flags(args) -> list[str]:
     """SGLang flags of every server in this run (dense and sparse alike)."""
+    tp = ["--tp-size", str(args.tp_size)] if args.tp_size > 1 else []
     return SERVER_ARGS + ["--context-length", str(args.context_length), "--max-running-requests",
                           str(args.max_running_requests), "--cuda-graph-max-bs", str(args.cuda_graph_max_bs),
-                          *args.server_args]
+                          *tp, *args.server_args]
 
 
 def make_run(key, per, cfg, size, schedule, args) -> dict:
@@ -144,6 +149,7 @@ def main() -> int:
     ap.add_argument("--context-length", type=int, default=40960, help="--context-length of both servers")
     ap.add_argument("--max-running-requests", type=int, default=64)
     ap.add_argument("--cuda-graph-max-bs", type=int, default=64)
+    ap.add_argument("--tp-size", type=int, default=1, help="--tp-size of both servers")
     ap.add_argument("--server-args", default="", help="extra SGLang flags, the same for both servers")
     ap.add_argument("--backends", default="flashinfer,sparrow",
                     help="flashinfer,sparrow (one run, like for like) or one of them (a split run)")
@@ -158,6 +164,8 @@ def main() -> int:
     args = ap.parse_args()
     args.decode = [tuple(int(x) for x in w.split("x")) for w in args.decode.split(",") if w]
     args.server_args = args.server_args.split()
+    if args.tp_size < 1:
+        ap.error(f"--tp-size={args.tp_size}: must be >= 1")
     t_start = time.time()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +176,8 @@ def main() -> int:
 
     result = {"device": torch.cuda.get_device_name(), "sglang_version": sglang.__version__,
               "command": " ".join(sys.argv), "note": args.note, "context_length": args.context_length,
-              "max_running_requests": args.max_running_requests, "flags": server_flags(args), "runs": []}
+              "max_running_requests": args.max_running_requests, "tp_size": args.tp_size,
+              "flags": server_flags(args), "runs": []}
     backends = args.backends.split(",")
     registry = ScheduleRegistry()
     sizes = args.sizes.split(",")

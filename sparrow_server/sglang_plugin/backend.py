@@ -11,6 +11,11 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
   then FlashInfer decode over the selected pages.
 Landmarks (mean post-RoPE key per page and KV head) live in a side cache per sparse layer,
 sized at backend creation from the KV pool.
+
+Tensor parallelism: each TP rank's scheduler process builds its own backend over its own KV pool,
+whose heads are the rank's (``get_num_kv_heads(attn_tp_size)``); every count here (rows,
+landmarks, group size) is that rank's, and the plan's per-request fields depend on no rank, so
+every rank runs the same budgets and selects for its own heads (``planning.rank_plan``).
 """
 from __future__ import annotations
 
@@ -27,13 +32,29 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin import state
 from sparrow_server.sglang_plugin.hooks import ROWS_ATTR
-from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
+from sparrow_server.sglang_plugin.planning import (
+    REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step, rank_kv_heads,
+)
 from sparrow_server.sglang_plugin.selection_debug import recorder_from_env
 from sparrow_server.sglang_plugin.weight_sync import kv_cache_region
 
 logger = logging.getLogger(__name__)
 
 LOG_EVERY = 500  # decode steps between sparsity log lines
+
+
+def _rank_heads(model_runner, local_heads: int) -> tuple[int, ...]:
+    """Global KV heads of this attention-TP rank (its pool holds ``local_heads``), checked against
+    SGLang's own split so a partition we do not mirror fails at start, not in the selections."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    total = model_runner.model_config.get_total_num_kv_heads()
+    heads = rank_kv_heads(total, par.attn_tp_size, par.attn_tp_rank)
+    if len(heads) != local_heads:
+        raise RuntimeError(f"sparrow: TP rank {par.attn_tp_rank}/{par.attn_tp_size} holds {local_heads} of {total} "
+                           f"KV heads; expected {len(heads)}")
+    return heads
 
 
 @dataclass
@@ -60,6 +81,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         upd = self.indices_updater_decode
         self.num_kv_heads, self.num_qo_heads, self.head_dim = upd.num_kv_heads, upd.num_qo_heads, upd.head_dim
         self.group = self.num_qo_heads // self.num_kv_heads
+        self.kv_heads = _rank_heads(model_runner, self.num_kv_heads)  # global ids, this TP rank's
         self.q_dtype, self.kv_dtype = upd.q_data_type, upd.data_type
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.table = state.table(self.req_to_token.shape[0])
@@ -80,11 +102,13 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
         self.step: _Step | None = None
         self._warned: set[str] = set()
-        self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads)  # None unless debugging
+        self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads,  # None unless debugging
+                                                    heads=self.kv_heads)
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
-                    "pages, Pcap %d, rows = request x %d KV heads, G = %d", len(self.landmarks), sorted(dense),
-                    lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap, self.num_kv_heads, self.group)
+                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d", len(self.landmarks),
+                    sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap, self.num_kv_heads,
+                    list(self.kv_heads), self.group)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):

@@ -5,6 +5,9 @@
 - AFTER ``ForwardBatch.init_new``: stash the batch's KV rows as a host list on decode batches
   (``forward_batch.req_pool_indices`` is on the GPU; reading it would sync every step).
 - AROUND ``build_replay_fb_view``: forward that list into the CUDA-graph replay view.
+
+Under tensor parallelism every TP rank is its own scheduler process; SGLang calls ``load_plugins()``
+in each and broadcasts the requests to all ranks, so each rank's hooks fill that rank's side table.
 """
 from __future__ import annotations
 

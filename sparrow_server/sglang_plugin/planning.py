@@ -8,12 +8,18 @@ attends ``count[b]`` pages. The row's logical page list (written on the GPU per 
 so the current (possibly partial) page is last. A dense row (``n <= budget``) is written as
 ``sink = n, k = 0``: pages ``0..n-1`` in order. Candidates for top-k are pages
 ``[cand_lo, cand_hi)``; empty for dense rows (no landmark reads).
+
+Under tensor parallelism each rank plans only its own KV heads (``Hkv`` = the rank's count,
+``kv_heads_per_rank``); the per-request fields depend on no rank, so every rank plans the same
+budgets, and its rows are the one-rank plan's rows of the heads it holds (``rank_kv_heads``,
+``rank_plan``).
 """
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -113,6 +119,43 @@ def plan_step(
         budget_tokens=budget_tok, row_indptr=row_indptr,
         last_page_len=np.repeat(last, num_kv_heads), clamped=clamped,
     )
+
+
+def _check_tp(total_kv_heads: int, tp_size: int) -> None:
+    if total_kv_heads < 1 or tp_size < 1:
+        raise ValueError(f"num_kv_heads={total_kv_heads}, tp_size={tp_size}: must be >= 1")
+    if total_kv_heads % tp_size and tp_size % total_kv_heads:
+        raise ValueError(f"tp_size={tp_size}: must divide num_kv_heads={total_kv_heads} or be a multiple of it")
+
+
+def kv_heads_per_rank(total_kv_heads: int, tp_size: int) -> int:
+    """KV heads each attention-TP rank holds, as SGLang's ``ModelConfig.get_num_kv_heads``: an even
+    split, or one (replicated) head per rank when ranks outnumber heads."""
+    _check_tp(total_kv_heads, tp_size)
+    return max(1, total_kv_heads // tp_size)
+
+
+def rank_kv_heads(total_kv_heads: int, tp_size: int, rank: int) -> tuple[int, ...]:
+    """Global KV heads of ``rank``, in its local order, as SGLang's ``QKVParallelLinear`` shards them:
+    ``[rank * n, (rank + 1) * n)``, or head ``rank // (tp_size // total_kv_heads)`` when replicated."""
+    n = kv_heads_per_rank(total_kv_heads, tp_size)
+    if not 0 <= rank < tp_size:
+        raise ValueError(f"rank={rank}: must be in [0, {tp_size})")
+    if tp_size <= total_kv_heads:
+        return tuple(range(rank * n, (rank + 1) * n))
+    return (rank // (tp_size // total_kv_heads),)
+
+
+def rank_plan(plan: StepPlan, heads: Sequence[int]) -> StepPlan:
+    """The rows of ``plan`` (planned for all KV heads) that a rank holding global KV ``heads`` runs:
+    rows ``b * Hkv + h`` for each request ``b`` and ``h`` in ``heads``; per-request fields unchanged."""
+    heads = np.asarray(heads, dtype=np.int64)
+    if heads.size == 0 or (heads < 0).any() or (heads >= plan.num_kv_heads).any():
+        raise ValueError(f"heads={heads.tolist()}: must be a non-empty subset of [0, {plan.num_kv_heads})")
+    rows = (np.arange(plan.batch_size)[:, None] * plan.num_kv_heads + heads[None, :]).ravel()
+    row_count = np.diff(plan.row_indptr.astype(np.int64))[rows]
+    row_indptr = np.concatenate([[0], np.cumsum(row_count)]).astype(np.int32)
+    return replace(plan, num_kv_heads=int(heads.size), row_indptr=row_indptr, last_page_len=plan.last_page_len[rows])
 
 
 def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]]:

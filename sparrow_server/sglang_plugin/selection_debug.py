@@ -8,6 +8,9 @@ copies its page ids to the host, maps them back to logical pages, and appends on
 ``DIR/sel-<pid>-<n>.npz`` at the start of the next decode step. When the variable is unset the
 backend holds ``None`` and each sparse layer pays one attribute test, only when Python runs it.
 
+Under tensor parallelism every rank records its own KV heads, under their global numbers (a
+replicated head is recorded once per replica, each with its own query sub-group's selection).
+
 Requests are identified by their prompt length (the backend knows no request ids): a study sends
 its debug sequences with distinct prompt lengths. ``length`` is the number of tokens the step
 attends, so the query is position ``length - 1``.
@@ -26,7 +29,8 @@ DEFAULT_EVERY = 64
 FIELDS = ("layer", "prompt_len", "length", "head")
 
 
-def recorder_from_env(page_size: int, num_kv_heads: int, environ=None) -> "SelectionRecorder | None":
+def recorder_from_env(page_size: int, num_kv_heads: int, environ=None,
+                      heads: Sequence[int] | None = None) -> "SelectionRecorder | None":
     env = os.environ if environ is None else environ
     out = env.get(ENV_DIR)
     if not out:
@@ -38,7 +42,7 @@ def recorder_from_env(page_size: int, num_kv_heads: int, environ=None) -> "Selec
         raise ValueError(f"{ENV_EVERY}={text!r}: must be an integer") from None
     if every < 1:
         raise ValueError(f"{ENV_EVERY}={every}: must be >= 1")
-    return SelectionRecorder(Path(out), every, page_size, num_kv_heads)
+    return SelectionRecorder(Path(out), every, page_size, num_kv_heads, heads)
 
 
 def logical_pages(ids: np.ndarray, first_slots: np.ndarray, num_kv_heads: int) -> tuple[int, np.ndarray]:
@@ -59,8 +63,13 @@ def logical_pages(ids: np.ndarray, first_slots: np.ndarray, num_kv_heads: int) -
 
 
 class SelectionRecorder:
-    def __init__(self, out_dir: Path, every: int, page_size: int, num_kv_heads: int):
+    def __init__(self, out_dir: Path, every: int, page_size: int, num_kv_heads: int,
+                 heads: Sequence[int] | None = None):
+        """``heads``: global number of each local KV head (this TP rank's); ``None``: one rank."""
         self.out_dir, self.every, self.page_size, self.num_kv_heads = out_dir, every, page_size, num_kv_heads
+        self.heads = tuple(range(num_kv_heads)) if heads is None else tuple(heads)
+        if len(self.heads) != num_kv_heads:
+            raise ValueError(f"heads={list(self.heads)}: must name {num_kv_heads} KV heads")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._records: list[tuple[int, int, int, int, np.ndarray]] = []
         self._files = 0
@@ -86,7 +95,7 @@ class SelectionRecorder:
             first = req_to_token[int(rows[b]), : n_pages * self.page_size : self.page_size].cpu().numpy()
             for r in range(b * h, (b + 1) * h):
                 head, pages = logical_pages(ids[row_indptr[r]:row_indptr[r + 1]], first, h)
-                self._records.append((layer, int(prompt_lens[b]), int(lengths[b]), head, pages))
+                self._records.append((layer, int(prompt_lens[b]), int(lengths[b]), self.heads[head], pages))
 
     def flush(self) -> Path | None:
         if not self._records:
