@@ -46,7 +46,12 @@ ROUTE_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("DELETE", "/adapters/{name}"): ADAPTER_CHANGE,
     ("PUT", "/adapters/aliases/{alias}"): ADAPTER_CHANGE,
     ("DELETE", "/adapters/aliases/{alias}"): ADAPTER_CHANGE,
+    ("POST", "/v1/completions"): GENERATION,
+    ("POST", "/v1/chat/completions"): GENERATION,
     ("GET", "/v1/models/{model:path}"): (404,),
+    ("DELETE", "/default_schedule"): (409,),
+    **{(m, path): (400,) for m in ("GET", "POST")
+       for path in ("/release_memory_occupation", "/resume_memory_occupation", "/weights_checker")},
     ("GET", "/schedules/{name}/history"): (404,),
     ("GET", "/schedules/{name}/autopilot"): (404,),
     ("PUT", "/schedules/{name}/autopilot"): (404, 409),
