@@ -196,7 +196,8 @@ class ServerAutopilot:
             self._seq += 1
             self._evidence.append({"seq": self._seq, "schedule": schedule.name, "version": schedule.version,
                                    "budgets_tokens": list(schedule.budgets_tokens), "bin_tokens": schedule.bin_tokens,
-                                   "weight_version": job.weight_version, "adapter": job.adapter, "acceptance": acceptance.round(5).tolist(),
+                                   "weight_version": job.weight_version, "adapter": job.adapter,
+                                   "acceptance": acceptance.round(5).tolist(),
                                    "basis_lengths": basis.tolist()})
             ctl = self._controllers.get(schedule.name)
             if ctl is None:
