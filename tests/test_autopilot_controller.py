@@ -135,6 +135,32 @@ def test_a_new_weight_version_resets_the_evidence_and_old_samples_are_ignored():
     assert len(ctl.step()) == N_BINS
 
 
+def test_a_new_adapter_version_resets_the_evidence_and_retired_versions_are_ignored():
+    ctl = make([512] * N_BINS)
+    feed(ctl, 150)  # no adapter
+    ctl.observe(ctl.budgets, tokens_with_p5(0.5, 120), [0] * 120, adapter="d1")  # a DistillSparse adapter published
+    assert ctl.adapter == "d1" and ctl.evidence(0).n_tokens == 120 and ctl.evidence(1) is None
+    assert ctl.observe(ctl.budgets, tokens_with_p5(1.0, 80), [0] * 80) == 0  # late result of a rollout without it
+    ctl.observe(ctl.budgets, tokens_with_p5(0.9, 60), [0] * 60, adapter="d2")  # republished
+    assert ctl.evidence(0).n_tokens == 60
+    assert ctl.observe(ctl.budgets, tokens_with_p5(0.5, 90), [0] * 90, adapter="d1") == 0
+    assert ctl.evidence(0).n_tokens == 60 and ctl.state()["adapter"] == "d2"
+
+
+def test_a_failed_budget_is_forgotten_under_a_new_adapter():
+    """The adapter's gain can make a budget that failed before hold: the controller may lower to it again."""
+    ctl = make([128] * N_BINS)
+    feed(ctl, 200, p5_of=lambda b, budget: 0.5 if budget <= 128 else 0.99)
+    assert [c.reason for c in ctl.step()] == ["raise"] * N_BINS and ctl.state()["bins"][0]["failed_tokens"] == 128
+    raised = ctl.budgets
+    for _ in range(20):
+        for b in range(N_BINS):
+            ctl.observe(ctl.budgets, tokens_with_p5(0.99, 200), [b] * 200, adapter="d1")
+        ctl.step()
+    assert ctl.state()["bins"][0]["failed_tokens"] is None
+    assert max(ctl.budgets) < 128 < min(raised)
+
+
 @pytest.mark.parametrize("start", [64, 512])
 def test_converges_into_the_band_from_too_tight_and_too_loose(start):
     ctl = make([start] * N_BINS)

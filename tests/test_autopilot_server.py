@@ -203,7 +203,7 @@ def test_tokens_verified_on_new_weights_reset_the_evidence(model_dir, tmp_path):
         scores = SimpleNamespace(acceptance=np.full(30, 0.5), basis_lengths=np.arange(70, 100))  # bin 2
 
         def verified(weights):
-            pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=weights), scores)
+            pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=weights, adapter=None), scores)
             return client.get(f"/schedules/{NAME}/autopilot").json()["bins"][2]["window_tokens"]
 
         start = client.get(f"/schedules/{NAME}/autopilot").json()["weight_version"]
@@ -211,3 +211,45 @@ def test_tokens_verified_on_new_weights_reset_the_evidence(model_dir, tmp_path):
         assert verified("step-2") == 30  # new weights: the old policy's 60 tokens are gone
         assert verified(start) == 30  # a late result on the replaced weights does not count
         assert client.get(f"/schedules/{NAME}/autopilot").json()["weight_version"] == "step-2"
+
+
+def test_a_republished_adapter_resets_the_evidence(model_dir, tmp_path):
+    """Requests name the alias; each resolves its adapter version at admission, and the autopilot keys its
+    evidence on that version: a new version (distill --publish moves the alias) empties the windows, and a
+    late result of a rollout admitted on the old version never counts."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from test_adapter_lifecycle import make_adapter
+
+    for i in (1, 2):
+        make_adapter(tmp_path / "adapters" / f"d{i}", seed=i, fingerprint=None)  # (no base check)
+    security = SecurityConfig(adapter_roots=(tmp_path / "adapters",))
+    with make_client(model_dir, tmp_path / "state", security=security) as client:
+        client.put(f"/schedules/{NAME}", json=SCHEDULE)
+        client.put(f"/schedules/{NAME}/autopilot", json={**PILOT, "min_tokens": 10_000})
+        pilot = client.app.state.autopilot
+
+        def publish(version):
+            assert client.post("/adapters", json={"name": version, "path": version}).status_code == 200
+            assert client.put("/adapters/aliases/distill-latest", json={"name": version}).status_code == 200
+
+        def window_tokens():
+            state = client.get(f"/schedules/{NAME}/autopilot").json()
+            return state["adapter"], sum(b["window_tokens"] for b in state["bins"])
+
+        rollout(client, max_new_tokens=20)
+        assert window_tokens() == (None, 20)
+        publish("d1")
+        rollout(client, max_new_tokens=20, adapter="distill-latest")
+        rollout(client, max_new_tokens=20, seed=1, adapter="distill-latest")
+        assert window_tokens() == ("d1", 40)  # the 20 tokens without the adapter are gone
+        records = client.get("/autopilot/evidence", params={"schedule": NAME}).json()["records"]
+        assert [r["adapter"] for r in records] == [None, "d1", "d1"]
+        publish("d2")
+        rollout(client, max_new_tokens=20, adapter="distill-latest")
+        assert window_tokens() == ("d2", 20)
+        schedule = pilot.service.schedules.get(NAME)
+        late = SimpleNamespace(acceptance=np.full(30, 0.5), basis_lengths=np.arange(40, 70))
+        pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=None, adapter="d1"), late)
+        assert window_tokens() == ("d2", 20)  # admitted on d1 before the republish: ignored

@@ -86,6 +86,17 @@ def test_cost_json(capsys):
     assert overhead["hardware"]["step_overhead_s"] == 0.0015 and overhead["predicted_speedup"] < out["predicted_speedup"]
 
 
+def test_cost_mean_budget_counts_the_tokens_attended(capsys, tmp_path):
+    """The paper-formula budget is the mean KV tokens a sparse layer reads per step: dense up to 64 tokens
+    (61..64), then 3 full pages plus the current page's real tokens (49..54 at 65..70), not min(budget, L)."""
+    sched = tmp_path / "s.json"
+    sched.write_text(json.dumps({"name": "s", "budgets_tokens": [64], "page_size": 16}))
+    assert main(["cost", "--model", "qwen3-1.7b", "--schedule", str(sched), "--prompt-len", "60", "--gen-len", "10",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["mean_budget_tokens"] == pytest.approx((61 + 62 + 63 + 64 + 49 + 50 + 51
+                                                                                      + 52 + 53 + 54) / 10)
+
+
 def test_cost_text_config_path_and_errors(capsys, tmp_path):
     config = {"model_type": "qwen3", "hidden_size": 2048, "num_hidden_layers": 28, "num_attention_heads": 16,
               "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144, "vocab_size": 151936,

@@ -7,8 +7,12 @@
 
 Target (``--target auto``): the pooled p5 that the second-largest budget reaches on the
 calibration split, i.e. a level the model reaches with a mid budget. Cost of a configuration: the
-mean number of KV tokens a sparse layer attends per generated token (``min(budget, length)``),
-over the held-out tokens; the matched fixed budget is the page multiple closest to the schedule's.
+mean number of KV tokens a sparse layer attends per generated token (``kv_budget_tokens``: dense
+while the sequence fits the budget, else the budget's full pages with the current page at its real
+tokens), over the held-out tokens; the matched fixed budget is the page multiple closest to the
+schedule's. ``cost`` recounts both from ``rollouts.jsonl`` alone (no scores needed):
+
+    python benchmarks/fidelity/analyze.py cost --rollouts R --work W --budgets ... [--schedule S.json]
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from sparrow_server.cost.search import search_schedule
-from sparrow_server.sparsity.schedule import Schedule, budget_tokens, dump_schedule, load_schedule
+from sparrow_server.sparsity.schedule import Schedule, dump_schedule, kv_budget_tokens, load_schedule
 from sparrow_server.stats.beta import fit_beta_tail
 from sparrow_server.stats.tail import binned_quantiles
 
@@ -45,7 +49,21 @@ def pooled(work: Path, rollouts: list[dict], config: str) -> tuple[np.ndarray, n
 
 def mean_attended(schedule: Schedule, lengths: np.ndarray) -> float:
     """Mean KV tokens a sparse layer attends per token (dense while the sequence fits the budget)."""
-    return float(np.mean([min(budget_tokens(schedule, int(n)), int(n)) for n in lengths]))
+    return float(np.mean([kv_budget_tokens(schedule, int(n)) for n in lengths]))
+
+
+def step_lengths(rollouts: list[dict]) -> np.ndarray:
+    """Total length of the step that produced each completion token [N] (as ``pooled``, without scores)."""
+    return np.concatenate([len(r["prompt_ids"]) + np.arange(len(r["completion_ids"])) for r in rollouts])
+
+
+def cost_match(schedule: Schedule, lengths: np.ndarray, max_budget: int) -> dict:
+    """The schedule's mean attended tokens and the page-multiple fixed budget closest to it."""
+    cost = mean_attended(schedule, lengths)
+    costs = {b: mean_attended(Schedule(name="c", budgets_tokens=(b,), page_size=PAGE_SIZE), lengths)
+             for b in range(4 * PAGE_SIZE, max_budget + PAGE_SIZE, PAGE_SIZE)}
+    matched = min(costs, key=lambda b: abs(costs[b] - cost))
+    return {"schedule_mean_attended": cost, "matched_budget": matched, "matched_mean_attended": costs[matched]}
 
 
 def p5_table(work: Path, rollouts: list[dict], configs: list[str], bin_tokens: int, n_bins: int) -> dict:
@@ -78,18 +96,22 @@ def cmd_calibrate(args) -> None:
                              "smollm2-calibrated", page_size=PAGE_SIZE, bin_tokens=args.bin_tokens)
     schedule = result.schedule
     (args.work / "schedule.json").write_text(dump_schedule(schedule))
-    _, held_lengths = pooled(args.work, held, f"fixed-{budgets[0]}")
-    cost = mean_attended(schedule, held_lengths)
-    candidates = range(4 * PAGE_SIZE, max(budgets) + PAGE_SIZE, PAGE_SIZE)
-    costs = {b: mean_attended(Schedule(name="c", budgets_tokens=(b,), page_size=PAGE_SIZE), held_lengths)
-             for b in candidates}
-    matched = min(costs, key=lambda b: abs(costs[b] - cost))
+    match = cost_match(schedule, step_lengths(held), max(budgets))
     (args.work / "matched.json").write_text(dump_schedule(Schedule(
-        name=f"fixed-{matched}", budgets_tokens=(matched,), page_size=PAGE_SIZE, bin_tokens=args.bin_tokens)))
+        name=f"fixed-{match['matched_budget']}", budgets_tokens=(match["matched_budget"],), page_size=PAGE_SIZE,
+        bin_tokens=args.bin_tokens)))
     info = {"target": target, "schedule": list(schedule.budgets_tokens), "bins": [b.__dict__ for b in result.bins],
-            "schedule_mean_attended": cost, "matched_budget": matched, "matched_mean_attended": costs[matched]}
+            **match}
     (args.work / "calibration.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info, indent=2))
+
+
+def cmd_cost(args) -> None:
+    held = [r for r in load(args.rollouts) if r["split"] == "heldout"]
+    schedule = load_schedule(args.schedule or args.work / "schedule.json")
+    budgets = [int(b) for b in args.budgets.split(",")]
+    match = cost_match(schedule, step_lengths(held), max(budgets))
+    print(json.dumps({"schedule": list(schedule.budgets_tokens), **match}))
 
 
 def _bins_json(bins) -> list[dict]:
@@ -219,15 +241,17 @@ def plots(args, rollouts, budgets, table, held_table, schedule, matched, target,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=("calibrate", "report"))
+    parser.add_argument("stage", choices=("calibrate", "report", "cost"))
     parser.add_argument("--rollouts", type=Path, required=True)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--budgets", default="64,128,192,256")
     parser.add_argument("--bin-tokens", type=int, default=128)
     parser.add_argument("--target", default="auto")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--schedule", type=Path, default=None,
+                        help="cost: the schedule file (default: WORK/schedule.json)")
     args = parser.parse_args()
-    (cmd_calibrate if args.stage == "calibrate" else cmd_report)(args)
+    {"calibrate": cmd_calibrate, "report": cmd_report, "cost": cmd_cost}[args.stage](args)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ class FleetAutopilot:
             for rec in page["records"]:
                 if rec["bin_tokens"] == current["bin_tokens"]:
                     bins = np.asarray(rec["basis_lengths"], dtype=np.int64) // rec["bin_tokens"]
-                    ctl.observe(rec["budgets_tokens"], rec["acceptance"], bins, rec["weight_version"])
+                    ctl.observe(rec["budgets_tokens"], rec["acceptance"], bins, rec["weight_version"],
+                                rec.get("adapter"))  # absent from an older server's records: no adapter
         changes = ctl.step()
         if changes:
             new = {**current, "budgets_tokens": list(ctl.budgets), "version": current["version"] + 1}

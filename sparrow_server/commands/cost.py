@@ -12,7 +12,7 @@ from sparrow_server.cost.model_shape import MODEL_PRESETS, ModelShapeError, reso
 from sparrow_server.cost.paper import paper_cost
 from sparrow_server.cost.roofline import DEFAULT_DECODE_BATCH, DEFAULT_SAMPLES, rollout_estimate
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, budget_tokens, load_schedule
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens, load_schedule
 
 
 def register(subparsers) -> None:
@@ -43,10 +43,10 @@ def _schedule(spec: str, persist_dir: str | None) -> Schedule:
 
 
 def _mean_budget(schedule: Schedule, prompt_len: int, gen_len: int) -> float:
-    """Mean over the generation's steps of the tokens a sparse layer attends (budget capped at length)."""
+    """Mean over the generation's steps of the KV tokens a sparse layer attends (``kv_budget_tokens``:
+    the tokens whose bytes it reads, the quantity the roofline's attended term and the paper's B count)."""
     lengths = prompt_len + np.arange(1, gen_len + 1)
-    budgets = [min(budget_tokens(schedule, int(L), prompt_len), int(L)) for L in lengths]
-    return float(np.mean(budgets))
+    return float(np.mean([kv_budget_tokens(schedule, int(L), prompt_len) for L in lengths]))
 
 
 def run(args) -> int:

@@ -18,18 +18,19 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
 from sparrow_server.engine.adapter_registry import AdapterConflictError, AdapterManager, AdapterRequestError
+from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.errors import error_response
 from sparrow_server.server.security import require_admin, resolve_adapter_path
 
 
 class AdapterIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
     name: str
     path: str
 
 
 class AliasIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
     name: str
 
 

@@ -41,6 +41,7 @@ from sparrow_server.autopilot.controller import (
     BudgetController,
 )
 from sparrow_server.autopilot.history import ScheduleHistory
+from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.errors import error_response
 from sparrow_server.server.security import require_admin
 from sparrow_server.sparsity.registry import UnknownScheduleError
@@ -53,7 +54,7 @@ EVIDENCE_RECORDS = 2048  # verified rollouts kept for GET /autopilot/evidence
 class AutopilotIn(BaseModel):
     """``PUT /schedules/{name}/autopilot``: the fields of ``AutopilotConfig`` (same defaults)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     target: float
     margin: float = DEFAULT_MARGIN
@@ -68,7 +69,7 @@ class AutopilotIn(BaseModel):
 class VersionIn(BaseModel):
     """``POST /schedules/{name}/versions``: a version decided elsewhere (the fleet autopilot)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     version: int
     budgets_tokens: list[int]
@@ -195,7 +196,8 @@ class ServerAutopilot:
             self._seq += 1
             self._evidence.append({"seq": self._seq, "schedule": schedule.name, "version": schedule.version,
                                    "budgets_tokens": list(schedule.budgets_tokens), "bin_tokens": schedule.bin_tokens,
-                                   "weight_version": job.weight_version, "acceptance": acceptance.round(5).tolist(),
+                                   "weight_version": job.weight_version, "adapter": job.adapter,
+                                   "acceptance": acceptance.round(5).tolist(),
                                    "basis_lengths": basis.tolist()})
             ctl = self._controllers.get(schedule.name)
             if ctl is None:
@@ -204,7 +206,8 @@ class ServerAutopilot:
             if current.budgets_tokens != ctl.budgets:
                 ctl.adopt(current.budgets_tokens)  # replaced by a PUT meanwhile
             if schedule.bin_tokens == current.bin_tokens:
-                ctl.observe(schedule.budgets_tokens, acceptance, basis // schedule.bin_tokens, job.weight_version)
+                ctl.observe(schedule.budgets_tokens, acceptance, basis // schedule.bin_tokens, job.weight_version,
+                            job.adapter)
             changes = ctl.step()
             if changes:
                 new = dataclasses.replace(current, budgets_tokens=ctl.budgets, version=current.version + 1)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from sparrow_server import __version__
 from sparrow_server.engine.base import Engine, GenerationRequest, SamplingParams
 from sparrow_server.engine.memory import WEIGHT_CHECK_ACTIONS, MemoryBusyError, memory_control_of
-from sparrow_server.server.api_models import AbortIn
+from sparrow_server.server.api_models import STRICT, AbortIn
 from sparrow_server.server.security import require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
 
@@ -47,14 +47,14 @@ NO_TENSOR_IPC = ("the {engine} engine cannot map serialized tensors: SGLang's up
 class MemoryTagsIn(BaseModel):
     """SGLang's ``ReleaseMemoryOccupationReqInput`` / ``ResumeMemoryOccupationReqInput``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     tags: Optional[list[str]] = None
     rid: Optional[str] = None
 
 
 class CheckWeightsIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     action: str = "checksum"
     allow_quant_error: bool = False

@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
+from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.errors import error_response
 from sparrow_server.server.security import require_admin
 from sparrow_server.server.service import RolloutService
@@ -35,7 +36,7 @@ FIXED_AT_START = ("this engine's scheduler processes fix the default schedule wh
 
 
 class DefaultScheduleIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     name: str
 

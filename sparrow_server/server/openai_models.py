@@ -14,7 +14,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sparrow_server.engine.base import InvalidRequestError
-from sparrow_server.server.api_models import SamplingParamsIn
+from sparrow_server.server.api_models import STRICT, SamplingParamsIn
 from sparrow_server.server.generate_models import extra_key_schedule
 
 OPENAI_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions
@@ -26,6 +26,8 @@ UNSUPPORTED_CHAT = ("tools", "tool_choice", "functions", "function_call", "respo
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", **STRICT)
+
     include_usage: bool = False
     continuous_usage_stats: bool = False
 
@@ -33,7 +35,7 @@ class StreamOptions(BaseModel):
 class _OpenAIBase(BaseModel):
     """Fields shared by both routes. Unknown keys are ignored, as SGLang's OpenAI server does."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", **STRICT)
 
     model: str
     n: int = 1
@@ -130,7 +132,7 @@ class CompletionIn(_OpenAIBase):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", **STRICT)
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: Optional[Union[str, list[dict[str, Any]]]] = None

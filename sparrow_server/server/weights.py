@@ -24,6 +24,7 @@ from sparrow_server.engine.weights import (
     WeightUpdate,
     weight_sync_of,
 )
+from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.security import require_admin
 
 NOT_SUPPORTED = 501
@@ -34,7 +35,7 @@ class UpdateWeightsFromDiskIn(BaseModel):
     ``recapture_cuda_graph``) and bookkeeping (``token_step``, ``manifest``) are accepted and
     have no effect here; ``is_async`` is refused (an update returns once it is done)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     model_path: str
     load_format: str | None = None
@@ -57,13 +58,13 @@ class UpdateWeightsFromDiskIn(BaseModel):
 
 
 class PauseGenerationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     mode: Literal["abort", "retract", "in_place"] = DEFAULT_PAUSE_MODE
 
 
 class ContinueGenerationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **STRICT)
 
     torch_empty_cache: bool = True  # SGLang's knob; nothing to empty on the reference engine
 
