@@ -128,6 +128,8 @@ def test_text_in_logprobs(client):
     ({"input_ids": PROMPTS[0], "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
     ({"input_ids": []}, "input_ids"),
     ({"input_ids": [PROMPTS[0]] * 5}, "input_ids"),
+    ({"input_ids": PROMPTS[0], "text": ["", ""]}, "input_ids"),  # both: was a 500 (IndexError), found by fuzzing
+    ({"input_ids": PROMPTS[:2], "text": "hi"}, "input_ids"),
 ])
 def test_bad_batches_are_422_naming_the_field(client, body, field):
     error = generate(client, 422, **body)["error"]

@@ -111,6 +111,8 @@ class GenerateIn(BaseModel):
 
     def items(self) -> list[GenerateItem]:
         self.check_supported()
+        if self.text is not None and self.input_ids is not None:  # checked before a batch is split per prompt
+            raise InvalidRequestError("input_ids", self.input_ids, "give exactly one of input_ids and text")
         size = self.batch_size
         if size == 0:
             raise InvalidRequestError("text" if isinstance(self.text, list) else "input_ids", [], "must not be empty")
