@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from sparrow_server.engine import bounds
+from sparrow_server.engine.ports import AdapterPort
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
@@ -301,6 +302,10 @@ class Engine(abc.ABC):
     def adapters(self) -> tuple[str, ...]:
         """Names of the loaded adapters."""
         return ()
+
+    def adapter_port(self) -> AdapterPort | None:
+        """Loading and unloading LoRA adapters at run time; None when this engine cannot."""
+        return None
 
     def check_schedule(self, schedule: Schedule) -> None:
         """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: one

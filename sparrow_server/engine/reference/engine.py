@@ -29,7 +29,8 @@ from sparrow_server.engine.base import (
     InvalidRequestError,
     PageSelection,
 )
-from sparrow_server.engine.reference.adapters import AdapterRegistry
+from sparrow_server.engine.ports import AdapterPort, LoadedAdapter
+from sparrow_server.engine.reference.peft_adapters import PeftAdapterSlots
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
 from sparrow_server.engine.reference.memory import ReferenceMemory
@@ -83,7 +84,7 @@ class ReferenceEngine(Engine):
         self.max_batch_size = max_batch_size
         self.weight_version = weight_version
         self.runner = ModelRunner(model)
-        self.adapter_registry = AdapterRegistry()
+        self.peft_adapters = PeftAdapterSlots()
         config = model.config
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 2048)
@@ -124,22 +125,28 @@ class ReferenceEngine(Engine):
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
 
+    def adapter_port(self) -> AdapterPort:
+        return self
+
+    def loaded_adapters(self) -> tuple[LoadedAdapter, ...]:
+        return self.peft_adapters.loaded()
+
     def load_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA directory as adapter ``name`` (between steps)."""
         with self._step_lock:
-            self.runner.model = self.adapter_registry.attach(self.runner.model, name, path)
+            self.runner.model = self.peft_adapters.attach(self.runner.model, name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name`` (between steps). The caller ensures no request still uses it."""
         with self._step_lock:
-            self.runner.model = self.adapter_registry.detach(self.runner.model, name)
+            self.runner.model = self.peft_adapters.detach(self.runner.model, name)
 
     # ----- interface ---------------------------------------------------------------------
     def adapters(self) -> tuple[str, ...]:
-        return self.adapter_registry.names()
+        return self.peft_adapters.names()
 
     def resolve_adapter(self, name: str | None) -> str | None:
-        return self.adapter_registry.resolve(name)
+        return self.peft_adapters.resolve(name)
 
     def info(self) -> EngineInfo:
         return EngineInfo(

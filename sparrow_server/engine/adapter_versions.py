@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
+from sparrow_server.adapter_meta.metadata import AdapterArtifactError, AdapterMetadata, read_adapter_metadata
 from sparrow_server.engine.base import EngineError, GenerationChunk, GenerationRequest, UnknownAdapterError
+from sparrow_server.engine.ports import AdapterPort
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,9 @@ class AdapterVersion:
 class AdapterManager:
     """See the module docstring. Thread-safe; ``unload`` is a coroutine (it waits for the drain)."""
 
-    def __init__(self, engine: Any, max_rank: int = DEFAULT_MAX_LORA_RANK,
+    def __init__(self, port: AdapterPort | None, max_rank: int = DEFAULT_MAX_LORA_RANK,
                  base_fingerprint: Callable[[], str | None] | None = None, persist_dir: str | Path | None = None):
-        self.engine = engine
+        self.port = port  # None: the engine cannot load adapters at run time
         self.max_rank = max_rank
         self._fingerprint_fn = base_fingerprint or (lambda: None)
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
@@ -132,7 +134,7 @@ class AdapterManager:
                                            "load under a new name and move the alias")
         meta = self._check(path)
         try:
-            self.engine.load_adapter(name, str(path))
+            self._port("path", str(path)).load_adapter(name, str(path))
         except EngineError:
             raise
         except Exception as exc:  # peft/safetensors refusing the files: a bad adapter, not a server fault
@@ -144,15 +146,17 @@ class AdapterManager:
 
     def adopt_loaded(self) -> None:
         """Record as versions the adapters the engine loaded at start (``serve --adapter NAME=PATH``)."""
-        registry = getattr(self.engine, "adapter_registry", None)
-        for info in registry.infos() if registry is not None else ():
+        for info in self.port.loaded_adapters() if self.port is not None else ():
             if info.name not in self._versions:
                 self._record(info.name, info.path, self._check(info.path))
 
-    def _check(self, path: str | Path) -> Any:
-        """The adapter's metadata, or AdapterRequestError naming what is wrong with it."""
-        from sparrow_server.distill.artifact import AdapterArtifactError, read_adapter_metadata
+    def _port(self, field_name: str, value: Any) -> AdapterPort:
+        if self.port is None:
+            raise AdapterRequestError(field_name, value, "this engine cannot load adapters at run time")
+        return self.port
 
+    def _check(self, path: str | Path) -> AdapterMetadata:
+        """The adapter's metadata, or AdapterRequestError naming what is wrong with it."""
         try:
             meta = read_adapter_metadata(path)
         except AdapterArtifactError as exc:
@@ -165,7 +169,7 @@ class AdapterManager:
                                       f"{meta.base_fingerprint[:24]}..., this server runs {base[:24]}...)")
         return meta
 
-    def _record(self, name: str, path: str | Path, meta: Any) -> AdapterVersion:
+    def _record(self, name: str, path: str | Path, meta: AdapterMetadata) -> AdapterVersion:
         version = AdapterVersion(name, str(path), meta.rank, meta.alpha, meta.target_modules, meta.base_fingerprint,
                                  meta.schedule_id, time.time())
         with self._lock:
@@ -213,7 +217,7 @@ class AdapterManager:
                 self._draining.discard(name)
                 raise AdapterConflictError("name", name, f"still has {self._inflight[name]} request(s) in flight "
                                            f"after {timeout_s} s; it stays loaded")
-        self.engine.unload_adapter(name)
+        self._port("name", name).unload_adapter(name)
 
     def restore(self) -> list[str]:
         """Reload the persisted versions and aliases (at start-up); returns the problems, one per line."""
@@ -267,11 +271,11 @@ def default_adapter_manager(engine: Any, persist_dir: str | Path | None = None,
         runner = getattr(engine, "runner", None)
         if runner is None:
             return None
-        from sparrow_server.distill.fingerprint import model_fingerprint
+        from sparrow_server.adapter_meta.fingerprint import model_fingerprint  # torch: only with an in-process model
 
         return model_fingerprint(runner.model)
 
-    manager = AdapterManager(engine, max_rank=max_rank, base_fingerprint=fingerprint, persist_dir=persist_dir)
+    manager = AdapterManager(engine.adapter_port(), max_rank=max_rank, base_fingerprint=fingerprint, persist_dir=persist_dir)
     manager.adopt_loaded()
     manager.restore()
     return manager
