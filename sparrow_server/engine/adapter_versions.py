@@ -10,12 +10,11 @@
   then unloads it from the engine. An alias still pointing at it -> 409 (move the alias first).
 - With ``persist_dir`` the versions and aliases survive a restart (``registry.json``).
 
-``GatedEngine`` wraps an engine so that every request goes through ``acquire``/``release``.
+``engine.gated.GatedEngine`` wraps an engine so that every request goes through ``acquire``/``release``.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,10 +24,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 from sparrow_server.adapter_meta.metadata import AdapterArtifactError, AdapterMetadata, read_adapter_metadata
-from sparrow_server.engine.base import EngineError, GenerationChunk, GenerationRequest, UnknownAdapterError
+from sparrow_server.engine.base import Engine, EngineError, UnknownAdapterError
 from sparrow_server.engine.ports import AdapterPort
 
 log = logging.getLogger(__name__)
@@ -263,17 +262,18 @@ def _check_name(field_name: str, name: Any) -> None:
         raise AdapterRequestError(field_name, name, "must be 1-128 characters of letters, digits, '.', '_' or '-'")
 
 
-def default_adapter_manager(engine: Any, persist_dir: str | Path | None = None,
+def default_adapter_manager(engine: Engine, persist_dir: str | Path | None = None,
                             max_rank: int = DEFAULT_MAX_LORA_RANK) -> AdapterManager:
     """The manager a server builds: base fingerprint from the engine's model when it has one in
     process (the reference engine), adapters loaded at start adopted, persisted ones restored."""
+    local = engine.local_model()
+
     def fingerprint() -> str | None:
-        runner = getattr(engine, "runner", None)
-        if runner is None:
+        if local is None:
             return None
         from sparrow_server.adapter_meta.fingerprint import model_fingerprint  # torch: only with an in-process model
 
-        return model_fingerprint(runner.model)
+        return model_fingerprint(local.model)
 
     manager = AdapterManager(engine.adapter_port(), max_rank=max_rank, base_fingerprint=fingerprint, persist_dir=persist_dir)
     manager.adopt_loaded()
@@ -281,36 +281,5 @@ def default_adapter_manager(engine: Any, persist_dir: str | Path | None = None,
     return manager
 
 
-class GatedEngine:
-    """An engine whose requests resolve their adapter (alias -> version) once, at admission, through
-    ``AdapterManager.acquire``, run on that version, and release it when they end. Everything else
-    is the wrapped engine's."""
-
-    def __init__(self, engine: Any, manager: AdapterManager):
-        self._engine = engine
-        self.adapter_manager = manager
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def adapters(self) -> tuple[str, ...]:
-        return self.adapter_manager.names()
-
-    def resolve_adapter(self, name: str | None) -> str | None:
-        return self.adapter_manager.resolve(name)
-
-    def validate(self, request: GenerationRequest) -> None:
-        self._engine.validate(dataclasses.replace(request, adapter=self.adapter_manager.resolve(request.adapter)))
-
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        version = self.adapter_manager.acquire(request.adapter)
-        try:
-            async with contextlib.aclosing(self._engine.submit(dataclasses.replace(request, adapter=version))) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            self.adapter_manager.release(version)
-
-
-__all__ = ["AdapterManager", "AdapterVersion", "GatedEngine", "default_adapter_manager", "AdapterRequestError", "AdapterConflictError",
+__all__ = ["AdapterManager", "AdapterVersion", "default_adapter_manager", "AdapterRequestError", "AdapterConflictError",
            "DEFAULT_MAX_LORA_RANK"]

@@ -2,8 +2,9 @@
 for (the service asks, it never probes attributes)."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -27,4 +28,38 @@ class AdapterPort(Protocol):
         ...
 
 
-__all__ = ["AdapterPort", "LoadedAdapter"]
+@dataclass(frozen=True)
+class LocalModel:
+    """The engine's model in this process, for exact verification and the base-model fingerprint."""
+
+    current: Callable[[], Any]  # the model now (weight updates and adapters replace the object)
+    step_lock: threading.Lock  # held during each engine step: a forward under it never interleaves a decode
+
+    @property
+    def model(self) -> Any:
+        return self.current()
+
+
+class DenseScorer(Protocol):
+    """Scores a finished rollout densely on the engine itself (the verifier calls it on its thread)."""
+
+    def dense_topk(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
+                   temperature: float) -> tuple[Any, Any]:
+        """(values, token ids) of the dense top-``k`` logprobs at each completion position."""
+        ...
+
+    def weight_version(self) -> str | None:
+        """The weight version of the last dense forward (checked against the rollout's)."""
+        ...
+
+
+@dataclass(frozen=True)
+class DenseScoring:
+    """What an engine without an in-process model offers the verifier: its scorer, and how many
+    sparse top-k logprobs each verified request must record for it."""
+
+    scorer: DenseScorer
+    record_topk: int
+
+
+__all__ = ["AdapterPort", "LoadedAdapter", "LocalModel", "DenseScorer", "DenseScoring"]

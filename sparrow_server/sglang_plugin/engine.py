@@ -22,7 +22,7 @@ from sparrow_server.engine.base import (
     DEFAULT_WEIGHT_VERSION, ContextLengthError, Engine, EngineHealth, EngineInfo, FinishReason, GenerationChunk, GenerationRequest,
     UnknownAdapterError,
 )
-from sparrow_server.engine.ports import AdapterPort, LoadedAdapter
+from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
 from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
 from sparrow_server.sglang_plugin.state import server_dense_layers
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule, kv_budget_tokens
@@ -262,11 +262,11 @@ class SGLangEngine(Engine):
             raise RuntimeError("the SGLang engine has not started (no event loop yet)")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def verification_scorer(self):
-        """(scorer, record_topk) for dense verification: a dense, adapter-free prefill on this server."""
+    def dense_scoring(self) -> DenseScoring:
+        """Dense verification by a dense, adapter-free prefill on this server."""
         from sparrow_server.sglang_plugin.verification import SGLangDenseScorer
 
-        return SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK
+        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK)
 
 
 def build_sglang_engine(options):

@@ -29,7 +29,9 @@ from sparrow_server.engine.base import (
     InvalidRequestError,
     PageSelection,
 )
-from sparrow_server.engine.ports import AdapterPort, LoadedAdapter
+from sparrow_server.engine.memory import MemoryControl
+from sparrow_server.engine.ports import AdapterPort, LoadedAdapter, LocalModel
+from sparrow_server.engine.weights import WeightSync
 from sparrow_server.engine.reference.peft_adapters import PeftAdapterSlots
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
@@ -127,6 +129,18 @@ class ReferenceEngine(Engine):
 
     def adapter_port(self) -> AdapterPort:
         return self
+
+    def weights(self) -> WeightSync:
+        return self.weight_sync
+
+    def memory_control(self) -> MemoryControl:
+        return self.memory
+
+    def local_model(self) -> LocalModel:
+        return LocalModel(lambda: self.runner.model, self._step_lock)
+
+    def max_running_requests(self) -> int:
+        return self.max_batch_size
 
     def loaded_adapters(self) -> tuple[LoadedAdapter, ...]:
         return self.peft_adapters.loaded()
