@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sparrow_server.engine import bounds
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LocalModel
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError
+from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.sparsity.wire import check_page_size
 
 if TYPE_CHECKING:  # these modules import this one
     from sparrow_server.engine.memory import MemoryControl
@@ -340,9 +341,7 @@ class Engine(abc.ABC):
     def check_schedule(self, schedule: Schedule) -> None:
         """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: one
         whose pages are not this engine's)."""
-        page_size = self.info().page_size
-        if schedule.page_size != page_size:
-            raise ScheduleError("page_size", schedule.page_size, f"this server's KV pages hold {page_size} tokens")
+        check_page_size(schedule, self.info().page_size)
 
     def resolve_adapter(self, name: str | None) -> str | None:
         """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""

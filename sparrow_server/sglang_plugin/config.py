@@ -9,8 +9,9 @@ import os
 from dataclasses import dataclass
 
 BACKEND_NAME = "sparrow"
-CUSTOM_PARAM_SCHEDULE = "sparrow_schedule"            # a schedule name (``name`` or ``name@version``)
-CUSTOM_PARAM_SCHEDULE_JSON = "sparrow_schedule_json"  # a whole schedule as JSON text
+# The sparse decode kernel's page: SGLang runs with --page-size PAGE_SIZE (the host passes it, the
+# backend checks it), and the engine reports it as the server's page size.
+PAGE_SIZE = 16
 
 ENV_DEFAULT_SCHEDULE = "SPARROW_DEFAULT_SCHEDULE"
 ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"

@@ -23,11 +23,11 @@ from sparrow_server.engine.base import (
     UnknownAdapterError,
 )
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
-from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
+from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
 from sparrow_server.sglang_plugin.state import server_dense_layers
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule, kv_budget_tokens
+from sparrow_server.sparsity import wire
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens
 
-PAGE_SIZE = 16
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
 
@@ -61,7 +61,7 @@ def sampling_dict(request: GenerationRequest) -> dict[str, Any]:
     if s.stop_token_ids:
         out["stop_token_ids"] = list(s.stop_token_ids)
     if request.schedule is not None:
-        out["custom_params"] = {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(request.schedule)}
+        out["custom_params"] = wire.encode_schedule(request.schedule)
     return out
 
 
@@ -275,4 +275,4 @@ def build_sglang_engine(options):
 
 
 __all__ = ["SGLangEngine", "SGLangRuntime", "ModelFacts", "StreamState", "BudgetPlan", "sampling_dict",
-           "top_logprobs_num", "PAGE_SIZE"]
+           "top_logprobs_num"]

@@ -39,7 +39,10 @@ from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
-from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, attended_pages, dense_schedule, kv_budget_tokens
+from sparrow_server.sparsity.schedule import (
+    DEFAULT_PAGE_SIZE, Schedule, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
+)
+from sparrow_server.sparsity.wire import check_page_size
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +193,10 @@ class ReferenceEngine(Engine):
         if self.cache.pages_for(prompt + new) > self.cache.usable_pages:
             raise ContextLengthError(prompt, new, self.cache.usable_pages * self.cache.page_size, "KV pool capacity")
         schedule = request.schedule or dense_schedule()
-        if schedule.page_size != self.cache.page_size:
-            raise InvalidRequestError("schedule.page_size", schedule.page_size,
-                                      f"this engine's pages hold {self.cache.page_size} tokens")
+        try:
+            check_page_size(schedule, self.cache.page_size)
+        except ScheduleError as exc:  # a field of this request
+            raise InvalidRequestError("schedule.page_size", exc.value, exc.reason) from None
         if request.sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("sampling_params.stop", list(request.sampling.stop),
                                       "stop strings need a tokenizer; this model has none (use stop_token_ids)")
