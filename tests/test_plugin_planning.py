@@ -157,6 +157,8 @@ def test_plugin_config_from_env():
     assert PluginConfig.from_env({}).topk_cap_tokens == DEFAULT_TOPK_CAP_TOKENS
     cfg = PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "8192", "SPARROW_DEFAULT_SCHEDULE": "qwen3-1.7b-0.86"})
     assert cfg.topk_cap_tokens == 8192 and cfg.default_schedule == "qwen3-1.7b-0.86"
+    assert cfg.topk_cap_pages == 512 and PluginConfig(topk_cap_tokens=40).topk_cap_pages == 2
+    assert PluginConfig(topk_cap_tokens=8).topk_cap_pages == 1  # less than a page still selects one
     with pytest.raises(PluginConfigError, match="SPARROW_TOPK_CAP_TOKENS"):
         PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "x"})
     with pytest.raises(PluginConfigError, match="SPARROW_LANDMARK_DTYPE"):

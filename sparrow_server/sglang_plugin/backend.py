@@ -87,7 +87,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.table = state.table(self.req_to_token.shape[0])
         self.pcap = math.ceil(self.max_context_len / self.page_size)
-        self.topk_cap = max(1, min(cfg.topk_cap_tokens // self.page_size, self.pcap))
+        self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)

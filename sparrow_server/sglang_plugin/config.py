@@ -43,6 +43,12 @@ class PluginConfig:
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
 
+    @property
+    def topk_cap_pages(self) -> int:
+        """The top-k cap in pages: the one value both processes pass to ``kv_budget_tokens`` (the
+        schedulers plan with it, the HTTP process reports each token's budget with it)."""
+        return max(1, self.topk_cap_tokens // PAGE_SIZE)
+
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "PluginConfig":
         env = os.environ if environ is None else environ

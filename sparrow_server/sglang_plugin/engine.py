@@ -150,7 +150,7 @@ class SGLangEngine(Engine):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
-        self.topk_cap_pages = max(1, cfg.topk_cap_tokens // PAGE_SIZE)
+        self.topk_cap_pages = cfg.topk_cap_pages
         self.dense_layers = server_dense_layers(cfg)
 
     @property
