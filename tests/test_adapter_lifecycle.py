@@ -14,9 +14,9 @@ from peft import LoraConfig, get_peft_model
 
 from helpers.live_server import live_server, wait_until
 from helpers.tiny_models import tiny_model
-from sparrow_server.distill.artifact import METADATA_FILE
-from sparrow_server.distill.fingerprint import model_fingerprint
-from sparrow_server.engine.adapter_registry import AdapterConflictError, AdapterManager, AdapterRequestError
+from sparrow_server.adapter_meta.metadata import METADATA_FILE
+from sparrow_server.adapter_meta.fingerprint import model_fingerprint
+from sparrow_server.engine.adapter_versions import AdapterConflictError, AdapterManager, AdapterRequestError
 from sparrow_server.engine.base import UnknownAdapterError
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
@@ -52,7 +52,7 @@ def roots(tmp_path_factory):
 
 
 def _app(roots, state=None, max_rank: int = 8):
-    from sparrow_server.engine.adapter_registry import default_adapter_manager
+    from sparrow_server.engine.adapter_versions import default_adapter_manager
 
     engine = ReferenceEngine(tiny_model(), None, "tiny", kv_pool_tokens=8192)
     manager = default_adapter_manager(engine, persist_dir=state, max_rank=max_rank)

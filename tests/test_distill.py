@@ -191,7 +191,7 @@ def test_config_errors_name_the_field(field, value):
 
 
 def test_fingerprint_samples_stay_in_bounds_for_large_parameters():
-    from sparrow_server.distill.fingerprint import SAMPLES_PER_PARAMETER, _value_sample
+    from sparrow_server.adapter_meta.fingerprint import SAMPLES_PER_PARAMETER, _value_sample
 
     big = torch.zeros(2**24 + 3, dtype=torch.int8)  # float positions would round past the end here
     big[-1] = 7

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from helpers.fake_sglang import FakeRuntime
 from sparrow_server.cli import main as cli_main
-from sparrow_server.engine.adapter_registry import AdapterManager
+from sparrow_server.engine.adapter_versions import AdapterManager
 from sparrow_server.engine.base import ContextLengthError, GenerationRequest, SamplingParams, UnknownAdapterError
 from sparrow_server.server.app import create_app
 from sparrow_server.sglang_plugin.engine import SGLangEngine, StreamState, sampling_dict

@@ -17,10 +17,11 @@ from sparrow_server.sglang_plugin.planning import (
     REQUEST_FIELDS, logical_page_lists, pack, packed_layout, plan_request, plan_step,
 )
 from sparrow_server.sglang_plugin.side_table import (
-    ScheduleTable, resolve_request_schedule, schedule_from_custom_params, schedule_name_from_extra_key,
+    ScheduleTable, client_extra_key, resolve_request_schedule, schedule_from_custom_params,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
-from sparrow_server.sparsity.schedule import Schedule, budget_pages, dense_schedule, dump_schedule
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, budget_pages, dense_schedule, dump_schedule
+from sparrow_server.sparsity.wire import schedule_name_from_extra_key
 from sparrow_server.sparsity.selection import (
     batched_page_landmarks, num_pages, page_scores, query_summary, select_pages,
 )
@@ -156,6 +157,8 @@ def test_plugin_config_from_env():
     assert PluginConfig.from_env({}).topk_cap_tokens == DEFAULT_TOPK_CAP_TOKENS
     cfg = PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "8192", "SPARROW_DEFAULT_SCHEDULE": "qwen3-1.7b-0.86"})
     assert cfg.topk_cap_tokens == 8192 and cfg.default_schedule == "qwen3-1.7b-0.86"
+    assert cfg.topk_cap_pages == 512 and PluginConfig(topk_cap_tokens=40).topk_cap_pages == 2
+    assert PluginConfig(topk_cap_tokens=8).topk_cap_pages == 1  # less than a page still selects one
     with pytest.raises(PluginConfigError, match="SPARROW_TOPK_CAP_TOKENS"):
         PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "x"})
     with pytest.raises(PluginConfigError, match="SPARROW_LANDMARK_DTYPE"):
@@ -168,15 +171,26 @@ def test_plugin_imports_without_sglang():
     assert plugin.BACKEND_NAME == "sparrow" and callable(plugin.register)
 
 
-def test_schedule_from_extra_key_and_request_fallbacks():
+def test_schedule_from_extra_key_and_request_fallbacks(caplog):
+    """The server's extra_key rule (prefix first, a non-empty name after it) on the scheduler side, where
+    SGLang has appended the LoRA id; a key the rule refuses is logged and the request runs on the default."""
     from types import SimpleNamespace as NS
 
     assert schedule_name_from_extra_key("sparrow_schedule=qwen3-4b-0.86") == "qwen3-4b-0.86"
-    assert schedule_name_from_extra_key("salt|sparrow_schedule=qwen3-4b-0.86@1|lora7") == "qwen3-4b-0.86@1"
+    assert schedule_name_from_extra_key("salt|sparrow_schedule=qwen3-4b-0.86@1") is None  # not first: a cache salt
     assert schedule_name_from_extra_key("salt") is None and schedule_name_from_extra_key(None) is None
+    with pytest.raises(ScheduleError, match="names no schedule"):
+        schedule_name_from_extra_key("sparrow_schedule=")
     reg, default = ScheduleRegistry(), dense_schedule()
-    req = lambda cp, ek: NS(rid="r", sampling_params=NS(custom_params=cp), extra_key=ek)
+    req = lambda cp, ek, lora_id="0": NS(rid="r", sampling_params=NS(custom_params=cp), extra_key=ek, lora_id=lora_id)
     assert resolve_request_schedule(req(None, "sparrow_schedule=qwen3-8b-0.86"), reg, default).name == "qwen3-8b-0.86"
+    with_lora = req(None, "sparrow_schedule=qwen3-8b-0.86" + "9f2c01", lora_id="9f2c01")  # SGLang's Req appends it
+    assert resolve_request_schedule(with_lora, reg, default).name == "qwen3-8b-0.86"
+    assert client_extra_key(req(None, "sparrow_schedule=v10")) == "sparrow_schedule=v10"  # "0": no LoRA, nothing appended
+    for bad in ("salt|sparrow_schedule=qwen3-8b-0.86", "sparrow_schedule="):
+        caplog.clear()
+        assert resolve_request_schedule(req(None, bad), reg, default) is default
+        assert caplog.records and bad in caplog.text
     got = resolve_request_schedule(req({"sparrow_schedule": "qwen3-4b-0.86"}, "sparrow_schedule=qwen3-8b-0.86"), reg, default)
     assert got.name == "qwen3-4b-0.86"  # custom_params wins
     assert resolve_request_schedule(req({"sparrow_schedule": "nope"}, None), reg, default) is default

@@ -15,7 +15,7 @@ from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.engine.reference.kv_cache import PagedKVCache
 from sparrow_server.engine.reference.weight_update import architecture_mismatch
 from sparrow_server.engine.weights import (
-    WeightLoadError, WeightSyncConflictError, WeightUpdate, next_weight_version, weight_sync_of,
+    WeightLoadError, WeightSyncConflictError, WeightUpdate, next_weight_version,
 )
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 
@@ -121,7 +121,7 @@ def test_architecture_mismatch_names_the_difference(ckpt):
 
 def test_update_waits_for_in_flight_requests_and_new_ones_use_new_weights(ckpt):
     engine = make_engine(ckpt["a"])
-    assert weight_sync_of(engine) is engine.weight_sync
+    assert engine.weights() is engine.weight_sync
 
     async def go():
         baseline = await run(engine, req("base", max_new=60))

@@ -96,9 +96,9 @@ def _parse_top(entries: Sequence[Sequence[Any]] | None, k: int) -> tuple[list[in
 def generate(client: Any, pairs: list[tuple[str, list[int], Schedule]], total_tokens: int,
              top_k: int = TOP_K) -> list[dict]:
     """Sparse rollouts (one /generate per schedule, concurrently), then the dense top-k of each."""
-    from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON
     from sparrow_server.sglang_plugin.verification import topk_from_prefill_meta
     from sparrow_server.stats.acceptance import topk_acceptance_lower_bound
+    from sparrow_server.sparsity import wire
     from sparrow_server.sparsity.schedule import dump_schedule
 
     by_schedule: dict[str, list[int]] = {}
@@ -113,7 +113,7 @@ def generate(client: Any, pairs: list[tuple[str, list[int], Schedule]], total_to
         sched = pairs[idx[0]][2]
         # SGLang's scheduler resolves names once, at start: a schedule registered since then travels as
         # JSON (which it reads first); the reference server reads the registered name.
-        custom = {} if sched.is_dense else {"custom_params": {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(sched)}}
+        custom = {} if sched.is_dense else {"custom_params": wire.encode_schedule(sched)}
         payload = {"input_ids": [pairs[i][1] for i in idx], "return_logprob": True, "top_logprobs_num": top_k,
                    "sampling_params": [{"max_new_tokens": total_tokens - len(pairs[i][1]), "temperature": 1.0,
                                         "ignore_eos": True, **custom} for i in idx]}

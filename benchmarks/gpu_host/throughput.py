@@ -18,12 +18,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cross_engine as X  # noqa: E402
 
-from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON  # noqa: E402
-from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_schedule, load_schedule  # noqa: E402
+from sparrow_server.sparsity import wire  # noqa: E402
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule, load_schedule  # noqa: E402
 
 
 def run_once(client, prompts: list[list[int]], schedule: Schedule, total: int) -> dict:
-    custom = {} if schedule.is_dense else {"custom_params": {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(schedule)}}
+    custom = {} if schedule.is_dense else {"custom_params": wire.encode_schedule(schedule)}
     payload = {"input_ids": prompts, "sampling_params": [
         {"max_new_tokens": total - len(p), "temperature": 1.0, "ignore_eos": True, **custom} for p in prompts]}
     t0 = time.time()

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from sparrow_server.client.types import SparrowError
-from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX
+from sparrow_server.sparsity import wire
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 DEFAULT_TIMEOUT_S = 600.0
@@ -59,19 +59,19 @@ def generate_payload(payload: dict[str, Any], schedule: str | None = None) -> di
     body["rid"] = body.get("rid") or uuid.uuid4().hex  # a batch's prompts become rid_0, rid_1, ... (SGLang's rule)
     given = body.get("sampling_params") or {}
     per_prompt = [dict(p or {}) for p in given] if isinstance(given, list) else [dict(given)]
-    named = {(p.get("custom_params") or {}).get(SCHEDULE_CUSTOM_PARAM) for p in per_prompt}
+    named = {(p.get("custom_params") or {}).get(wire.SCHEDULE_PARAM) for p in per_prompt}
     if schedule is None and named == {None}:
         return body
     if len(named - {None}) > 1:
         raise ValueError(f"sampling_params: names several schedules {sorted(named - {None})}; send one request per schedule")
     if schedule is not None and not named <= {None, schedule}:
-        raise ValueError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM} = {named - {None, schedule}}: "
+        raise ValueError(f"sampling_params.custom_params.{wire.SCHEDULE_PARAM} = {named - {None, schedule}}: "
                          f"differs from schedule={schedule!r}")
     schedule = schedule if schedule is not None else (named - {None}).pop()
-    key = SCHEDULE_EXTRA_KEY_PREFIX + schedule
+    key = wire.extra_key_for(schedule)
     if body.get("extra_key") not in (None, key):
         raise ValueError(f"extra_key = {body['extra_key']!r}: would be replaced by {key!r} (the schedule for the router)")
-    stamped = [{**p, "custom_params": {**(p.get("custom_params") or {}), SCHEDULE_CUSTOM_PARAM: schedule}}
+    stamped = [{**p, "custom_params": {**(p.get("custom_params") or {}), wire.SCHEDULE_PARAM: schedule}}
                for p in per_prompt]
     body["sampling_params"] = stamped if isinstance(given, list) else stamped[0]
     body["extra_key"] = key

@@ -118,15 +118,25 @@ def run(args: argparse.Namespace) -> int:
 
 def _sample(args, loaded, schedule):
     from sparrow_server.calibrate.prompts import load_prompts
-    from sparrow_server.distill.sources import engine_rollouts, server_rollouts
+    from sparrow_server.distill.sources import engine_rollouts
     from sparrow_server.engine.base import SamplingParams
 
     prompts = load_prompts(args.prompts, loaded.tokenizer)
     sampling = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               seed=args.seed, ignore_eos=args.ignore_eos)
     if args.server:
-        return server_rollouts(args.server, prompts, schedule, sampling, args.samples_per_prompt)
+        return _server_rollouts(args.server, prompts, schedule, sampling, args.samples_per_prompt)
     return engine_rollouts(loaded.model, prompts, schedule, sampling, args.samples_per_prompt)
+
+
+def _server_rollouts(url, prompts, schedule, sampling, samples_per_prompt):
+    """Sparse rollouts from a running server (the schedule is registered there first)."""
+    from sparrow_server.calibrate.sources import ServerRolloutSource
+    from sparrow_server.client import SparrowClient
+    from sparrow_server.distill.sources import generate_rollouts
+
+    with SparrowClient(url) as client:
+        return generate_rollouts(ServerRolloutSource(client), prompts, schedule, sampling, samples_per_prompt)
 
 
 def _train_and_save(args, model, rollouts, heldout, schedule, compare, config) -> int:

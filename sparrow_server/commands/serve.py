@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sparrow_server.commands.serve_security import add_security_arguments, limits_from_args, security_from_args
-from sparrow_server.engine.adapter_registry import DEFAULT_MAX_LORA_RANK
+from sparrow_server.engine.adapter_versions import DEFAULT_MAX_LORA_RANK
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME
 
 DEFAULT_HOST = "127.0.0.1"
@@ -82,7 +82,7 @@ def _service_parts(args: argparse.Namespace) -> ServiceParts:
 
 def sparrow_app(args: argparse.Namespace, parts: ServiceParts, engine, tokenizer):
     """The sparrow FastAPI app around ``engine``."""
-    from sparrow_server.engine.adapter_registry import default_adapter_manager
+    from sparrow_server.engine.adapter_versions import default_adapter_manager
     from sparrow_server.server.app import create_app
 
     adapters = default_adapter_manager(engine, persist_dir=parts.state.adapters, max_rank=args.max_lora_rank)

@@ -10,32 +10,12 @@ import json
 import os
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparrow_server.adapter_meta.metadata import METADATA_FILE, METADATA_FORMAT_VERSION, PEFT_CONFIG_FILE, AdapterArtifactError
+
 from .train import DistillReport
-
-METADATA_FILE = "sparrow_adapter.json"
-METADATA_FORMAT_VERSION = 1
-PEFT_CONFIG_FILE = "adapter_config.json"
-
-
-class AdapterArtifactError(ValueError):
-    """A missing or malformed adapter directory; the message names the path and the problem."""
-
-
-@dataclass(frozen=True)
-class AdapterMetadata:
-    """What ``read_adapter_metadata`` returns (from ``adapter_config.json`` + ``sparrow_adapter.json``)."""
-
-    path: str
-    rank: int
-    alpha: float
-    target_modules: tuple[str, ...]
-    base_fingerprint: str | None  # None for a plain PEFT directory without sparrow metadata
-    schedule_id: str | None
-    extra: dict
 
 
 def report_to_dict(report: DistillReport) -> dict[str, Any]:
@@ -79,37 +59,3 @@ def _write_json_atomic(path: Path, data: dict) -> None:
         json.dump(data, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
-
-
-def read_adapter_metadata(path: str | Path) -> AdapterMetadata:
-    """Read and check an adapter directory (PEFT LoRA config, plus sparrow metadata if present)."""
-    root = Path(path)
-    if not root.is_dir():
-        raise AdapterArtifactError(f"{str(root)!r}: not a directory")
-    peft_cfg = _read_json(root / PEFT_CONFIG_FILE)
-    if peft_cfg.get("peft_type") != "LORA":
-        raise AdapterArtifactError(f"{str(root)!r}: peft_type = {peft_cfg.get('peft_type')!r}, only LORA adapters are served")
-    if not any((root / f).is_file() for f in ("adapter_model.safetensors", "adapter_model.bin")):
-        raise AdapterArtifactError(f"{str(root)!r}: no adapter_model.safetensors or adapter_model.bin")
-    rank = peft_cfg.get("r")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise AdapterArtifactError(f"{str(root)!r}: adapter_config.json r = {rank!r} is not a positive integer")
-    targets = peft_cfg.get("target_modules")
-    targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets or ()))
-    meta = _read_json(root / METADATA_FILE) if (root / METADATA_FILE).exists() else {}
-    return AdapterMetadata(
-        path=str(root), rank=rank, alpha=float(peft_cfg.get("lora_alpha", rank)), target_modules=targets,
-        base_fingerprint=meta.get("base_fingerprint"), schedule_id=meta.get("schedule_id"), extra=meta,
-    )
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AdapterArtifactError(f"{str(path)!r}: missing") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise AdapterArtifactError(f"{str(path)!r}: unreadable JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise AdapterArtifactError(f"{str(path)!r}: must hold a JSON object")
-    return data

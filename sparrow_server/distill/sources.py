@@ -1,5 +1,6 @@
 """Where distillation rollouts come from: a JSONL file, the in-process reference engine, or a
-running server. The last two generate *sparse* rollouts under the schedule being distilled (the
+running server (``generate_rollouts`` over calibration's ``ServerRolloutSource``, which ``sparrow
+distill --server`` builds: the client is a layer above). The last two generate *sparse* rollouts under the schedule being distilled (the
 k3 loss estimates KL(sparse || dense) only on tokens sampled from the sparse actor)."""
 from __future__ import annotations
 
@@ -33,12 +34,3 @@ def engine_rollouts(model: Any, prompts: Sequence[tuple[int, ...]], schedule: Sc
     finally:
         asyncio.run(engine.shutdown())
 
-
-def server_rollouts(url: str, prompts: Sequence[tuple[int, ...]], schedule: Schedule, sampling: SamplingParams,
-                    samples_per_prompt: int, progress: Callable[[int], None] | None = None) -> list[Rollout]:
-    """Sparse rollouts from a running server (the schedule is registered there first)."""
-    from sparrow_server.calibrate.sources import ServerRolloutSource
-    from sparrow_server.client import SparrowClient
-
-    with SparrowClient(url) as client:
-        return generate_rollouts(ServerRolloutSource(client), prompts, schedule, sampling, samples_per_prompt, progress)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from sparrow_server.adapter_meta.fingerprint import model_fingerprint
 from sparrow_server.modeling.sparse_forward import teacher_forced_logits
 from sparrow_server.monitor.scoring import HFScorer
 from sparrow_server.sparsity.schedule import Schedule
@@ -24,7 +25,6 @@ from sparrow_server.stats.acceptance import logits_to_topk
 
 from .config import DistillConfig
 from .evaluate import AcceptanceProbe, AcceptanceSummary
-from .fingerprint import model_fingerprint
 from .loss import (
     generated_logprobs, generated_rows, k3_per_token, topk_forward_kl_per_token,
 )

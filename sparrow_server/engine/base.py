@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sparrow_server.engine import bounds
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError
+from sparrow_server.engine.ports import AdapterPort, DenseScoring, LocalModel
+from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.sparsity.wire import check_page_size
+
+if TYPE_CHECKING:  # these modules import this one
+    from sparrow_server.engine.memory import MemoryControl
+    from sparrow_server.engine.weights import WeightSync
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 DEFAULT_TEMPERATURE = 1.0
@@ -262,7 +268,13 @@ class EngineHealth:
 
 
 class Engine(abc.ABC):
-    """What the service calls. Implementations must be safe to call from one asyncio loop."""
+    """What the service calls. Implementations must be safe to call from one asyncio loop.
+
+    Optional capabilities are typed ports: a method returning the port, or None when this engine
+    lacks it (``adapter_port``, ``weights``, ``memory_control``, ``local_model``, ``dense_scoring``)."""
+
+    # The engine's schedulers read the default schedule once, at start (SGLang): it cannot change live.
+    default_schedule_fixed_at_start: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:
@@ -302,12 +314,34 @@ class Engine(abc.ABC):
         """Names of the loaded adapters."""
         return ()
 
+    def adapter_port(self) -> AdapterPort | None:
+        """Loading and unloading LoRA adapters at run time; None when this engine cannot."""
+        return None
+
+    def weights(self) -> WeightSync | None:
+        """Weight updates without a restart, pause/continue; None when this engine cannot."""
+        return None
+
+    def memory_control(self) -> MemoryControl | None:
+        """Flushing, releasing and resuming the KV pool, the weights checker; None when unsupported."""
+        return None
+
+    def local_model(self) -> LocalModel | None:
+        """The model, when it runs in this process (exact verification, the base fingerprint)."""
+        return None
+
+    def dense_scoring(self) -> DenseScoring | None:
+        """A dense scorer of the engine's own, for engines without a local model (SGLang)."""
+        return None
+
+    def max_running_requests(self) -> int | None:
+        """Most requests decoding at once, when this engine has such a limit."""
+        return None
+
     def check_schedule(self, schedule: Schedule) -> None:
         """Raise ``ScheduleError`` for a schedule this engine cannot run as written (default: one
         whose pages are not this engine's)."""
-        page_size = self.info().page_size
-        if schedule.page_size != page_size:
-            raise ScheduleError("page_size", schedule.page_size, f"this server's KV pages hold {page_size} tokens")
+        check_page_size(schedule, self.info().page_size)
 
     def resolve_adapter(self, name: str | None) -> str | None:
         """The adapter version a request naming ``name`` runs on; raises ``UnknownAdapterError``."""

@@ -1,6 +1,6 @@
 """Cache and memory control between RL steps: the engine-agnostic protocol behind SGLang's
 ``/flush_cache``, ``/release_memory_occupation``, ``/resume_memory_occupation`` and
-``/weights_checker``. An engine that supports it exposes ``engine.memory`` (a ``MemoryControl``).
+``/weights_checker``. An engine that supports it returns a ``MemoryControl`` from ``engine.memory_control()``.
 
 Tags are SGLang 0.5.17's (``srt/constants.py``): no tags means all of them. Each engine reports,
 per call, which tags it really released and which it kept (the reference engine keeps its weights:
@@ -41,11 +41,6 @@ class MemoryControl(Protocol):
 
     def check_weights(self, action: str) -> dict[str, Any] | None:
         """SGLang's weights checker: ``checksum`` returns the per-rank payload; the others None."""
-
-
-def memory_control_of(engine: Any) -> MemoryControl | None:
-    memory = getattr(engine, "memory", None)
-    return memory if isinstance(memory, MemoryControl) else None
 
 
 def memory_tags(tags: Sequence[str] | None) -> tuple[str, ...]:

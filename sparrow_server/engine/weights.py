@@ -1,7 +1,7 @@
 """Policy weight updates between RL steps: the engine-agnostic protocol.
 
-An engine that can take new weights without restarting exposes ``engine.weight_sync`` (a
-``WeightSync``). The HTTP routes (``sparrow_server.server.weights``) speak SGLang's shapes and
+An engine that can take new weights without restarting returns a ``WeightSync`` from
+``engine.weights()``. The HTTP routes (``sparrow_server.server.weights``) speak SGLang's shapes and
 call it; the reference engine implements it in ``engine.reference.weight_update``, the SGLang
 engine forwards to SGLang's own tokenizer manager.
 
@@ -109,12 +109,6 @@ class WeightSync(Protocol):
     def pause_state(self) -> PauseState: ...
 
 
-def weight_sync_of(engine: Any) -> WeightSync | None:
-    """The engine's ``WeightSync``, or None when it cannot update weights."""
-    sync = getattr(engine, "weight_sync", None)
-    return sync if isinstance(sync, WeightSync) else None
-
-
 def check_pause_mode(mode: Any) -> str:
     if mode not in PAUSE_MODES:
         raise InvalidRequestError("mode", mode, f"must be one of {', '.join(PAUSE_MODES)}")
@@ -145,6 +139,6 @@ def next_weight_version(current: str) -> str:
 
 __all__ = [
     "WeightUpdate", "WeightUpdateResult", "PauseState", "WeightSync", "WeightLoadError", "WeightSyncConflictError",
-    "weight_sync_of", "check_pause_mode", "check_load_format", "next_weight_version", "PAUSE_MODES",
+    "check_pause_mode", "check_load_format", "next_weight_version", "PAUSE_MODES",
     "PAUSE_ABORT", "PAUSE_RETRACT", "PAUSE_IN_PLACE", "DEFAULT_PAUSE_MODE", "LOAD_FORMATS",
 ]

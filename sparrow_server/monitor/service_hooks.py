@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from sparrow_server.engine.base import Engine
 from sparrow_server.monitor.metrics import AcceptanceMetrics
 from sparrow_server.monitor.scoring import HFScorer
 from sparrow_server.monitor.verifier import DEFAULT_SAMPLE_FRACTION, DenseVerifier, VerificationJob, topk_from_chunks
@@ -21,20 +22,18 @@ from sparrow_server.sparsity.schedule import Schedule
 EXACT_NO_RECORDING = 0  # record_topk for engines verified exactly by a teacher-forced forward
 
 
-def build_verifier(engine: Any, metrics: AcceptanceMetrics | None,
+def build_verifier(engine: Engine, metrics: AcceptanceMetrics | None,
                    sample_fraction: float = DEFAULT_SAMPLE_FRACTION) -> DenseVerifier | None:
-    """A verifier scoring exactly on the reference engine's own model (under its step lock), or with
-    the scorer an engine offers (``engine.verification_scorer() -> (scorer, record_topk)``, SGLang)."""
-    offer = getattr(engine, "verification_scorer", None)
-    if callable(offer):
-        scorer, record_topk = offer()
-        return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=record_topk,
-                             weight_version=getattr(scorer, "weight_version", None))
-    runner = getattr(engine, "runner", None)
-    lock = getattr(engine, "_step_lock", None)
-    if runner is None or lock is None:
+    """A verifier scoring exactly on the engine's in-process model (under its step lock), or with
+    the scorer an engine offers (``engine.dense_scoring()``, SGLang)."""
+    offer = engine.dense_scoring()
+    if offer is not None:
+        return DenseVerifier(offer.scorer, metrics, sample_fraction=sample_fraction, record_topk=offer.record_topk,
+                             weight_version=offer.scorer.weight_version)
+    local = engine.local_model()
+    if local is None:
         return None
-    scorer = HFScorer(lambda: engine.runner.model, lock=lock)
+    scorer = HFScorer(local.current, lock=local.step_lock)
     return DenseVerifier(scorer, metrics, sample_fraction=sample_fraction, record_topk=EXACT_NO_RECORDING,
                          weight_version=lambda: engine.info().weight_version)
 

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from pydantic import BaseModel, ConfigDict
 
-from sparrow_server.engine.adapter_registry import AdapterConflictError, AdapterManager, AdapterRequestError
+from sparrow_server.engine.adapter_versions import AdapterConflictError, AdapterManager, AdapterRequestError
 from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.errors import error_response
 from sparrow_server.server.security import require_admin, resolve_adapter_path

@@ -25,9 +25,6 @@ from sparrow_server.engine.base import (
 
 MAX_N = 64
 STRICT = ConfigDict(strict=True, allow_inf_nan=False)  # every request model's type rules
-SCHEDULE_CUSTOM_PARAM = "sparrow_schedule"  # sampling_params.custom_params key on /generate
-# /generate ``extra_key`` naming the schedule: the router keeps ``extra_key`` but drops custom_params.
-SCHEDULE_EXTRA_KEY_PREFIX = "sparrow_schedule="
 # SGLang sampling keys this engine does not implement: accepted only empty (null, "" or []), as
 # SGLang treats an empty grammar as none; anything else is a 422 naming the key.
 UNSUPPORTED_SAMPLING = ("json_schema", "regex", "ebnf", "structural_tag", "stop_regex")

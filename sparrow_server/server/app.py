@@ -14,7 +14,8 @@ from typing import Any
 from fastapi import Body, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from sparrow_server.engine.adapter_registry import AdapterManager, GatedEngine, default_adapter_manager
+from sparrow_server.engine.adapter_versions import AdapterManager, default_adapter_manager
+from sparrow_server.engine.gated import GatedEngine
 from sparrow_server.engine.base import Engine
 from sparrow_server.monitor.service_hooks import build_verifier
 from sparrow_server.monitor.verifier import DEFAULT_SAMPLE_FRACTION

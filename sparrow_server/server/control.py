@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sparrow_server import __version__
 from sparrow_server.engine.base import Engine, GenerationRequest, SamplingParams
-from sparrow_server.engine.memory import WEIGHT_CHECK_ACTIONS, MemoryBusyError, memory_control_of
+from sparrow_server.engine.memory import WEIGHT_CHECK_ACTIONS, MemoryBusyError
 from sparrow_server.server.api_models import STRICT, AbortIn
 from sparrow_server.server.security import require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
@@ -139,7 +139,7 @@ def server_info_body(service: RolloutService, engine: Engine) -> dict[str, Any]:
         "skip_tokenizer_init": service.tokenizer is None,
         "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "moe_dp_size": 1, "nnodes": 1, "node_rank": 0,
         "enable_dp_attention": False, "enable_memory_saver": False, "disaggregation_mode": "null",
-        "max_total_num_tokens": pool_tokens, "max_running_requests": getattr(engine, "max_batch_size", None),
+        "max_total_num_tokens": pool_tokens, "max_running_requests": engine.max_running_requests(),
         "version": __version__,
     }
 
@@ -152,7 +152,7 @@ def core_load(engine: Engine) -> dict[str, Any]:
     used = ((h.total_pages or 0) - (h.free_pages or 0)) * page
     return {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": h.live_requests - h.queued_requests,
             "num_waiting_reqs": h.queued_requests, "num_used_tokens": used, "num_total_tokens": total,
-            "max_total_num_tokens": total, "max_running_requests": getattr(engine, "max_batch_size", 0),
+            "max_total_num_tokens": total, "max_running_requests": engine.max_running_requests() or 0,
             "token_usage": used / total if total else 0.0, "cache_hit_rate": 0.0}
 
 
@@ -163,7 +163,7 @@ def get_and_post(app: FastAPI, path: str, endpoint, dependencies: list) -> None:
 
 
 def _memory_routes(app: FastAPI, engine: Engine) -> None:
-    memory = memory_control_of(engine)
+    memory = engine.memory_control()
     admin = [Depends(require_admin)]
 
     def unsupported(route: str) -> JSONResponse:

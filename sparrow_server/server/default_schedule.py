@@ -74,7 +74,7 @@ def install_default_schedule_routes(app: FastAPI, service: RolloutService, start
         return state()
 
     def fixed_at_start() -> JSONResponse | None:
-        if getattr(service.engine, "default_schedule_fixed_at_start", False):
+        if service.engine.default_schedule_fixed_at_start:
             return error_response(409, "conflict", FIXED_AT_START)
         return None
 

@@ -13,7 +13,9 @@ from typing import Annotated, Any, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from sparrow_server.engine.base import InvalidRequestError
-from sparrow_server.server.api_models import SCHEDULE_CUSTOM_PARAM, SCHEDULE_EXTRA_KEY_PREFIX, STRICT, SamplingParamsIn
+from sparrow_server.server.api_models import STRICT, SamplingParamsIn
+from sparrow_server.sparsity import wire
+from sparrow_server.sparsity.schedule import ScheduleError
 
 NO_PROMPT_LOGPROBS = -1  # SGLang's logprob_start_len default: output logprobs only
 PER_PROMPT_FIELDS = ("sampling_params", "rid", "lora_path", "return_logprob", "logprob_start_len",
@@ -142,17 +144,15 @@ class GenerateIn(BaseModel):
 
 def schedule_name(sampling: SamplingParamsIn, extra_key: str | None) -> str | None:
     """``custom_params.sparrow_schedule``, else ``extra_key`` = ``sparrow_schedule=NAME``, else None (default)."""
-    value = (sampling.custom_params or {}).get(SCHEDULE_CUSTOM_PARAM)
+    value = (sampling.custom_params or {}).get(wire.SCHEDULE_PARAM)
     if value is not None and not isinstance(value, str):
-        raise InvalidRequestError(f"sampling_params.custom_params.{SCHEDULE_CUSTOM_PARAM}", value, "must be a schedule name")
+        raise InvalidRequestError(f"sampling_params.custom_params.{wire.SCHEDULE_PARAM}", value, "must be a schedule name")
     return value if value is not None else extra_key_schedule(extra_key)
 
 
 def extra_key_schedule(extra_key: str | None) -> str | None:
     """The schedule named by ``extra_key`` (other extra keys are only cache salts: None)."""
-    if extra_key is None or not extra_key.startswith(SCHEDULE_EXTRA_KEY_PREFIX):
-        return None
-    name = extra_key[len(SCHEDULE_EXTRA_KEY_PREFIX):]
-    if not name:
-        raise InvalidRequestError("extra_key", extra_key, f"names no schedule (expected {SCHEDULE_EXTRA_KEY_PREFIX}NAME)")
-    return name
+    try:
+        return wire.schedule_name_from_extra_key(extra_key)
+    except ScheduleError as exc:  # a bad request field here, not a bad schedule
+        raise InvalidRequestError(exc.field, exc.value, exc.reason) from None

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sparrow_server.engine.base import InvalidRequestError
 from sparrow_server.server.api_models import STRICT, SamplingParamsIn
 from sparrow_server.server.generate_models import extra_key_schedule
+from sparrow_server.sparsity import wire
 
 OPENAI_COMPLETION_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions
 # Accepted only empty: OpenAI/SGLang features this server does not implement (422 naming the field).
@@ -94,7 +95,7 @@ class _OpenAIBase(BaseModel):
     def schedule_name(self) -> str | None:
         if self.sparrow_schedule is not None:
             return self.sparrow_schedule
-        value = (self.custom_params or {}).get("sparrow_schedule")
+        value = (self.custom_params or {}).get(wire.SCHEDULE_PARAM)
         return value if isinstance(value, str) else extra_key_schedule(self.extra_key)
 
     def adapter(self) -> str | None:

@@ -22,7 +22,6 @@ from sparrow_server.engine.weights import (
     WeightSync,
     WeightSyncConflictError,
     WeightUpdate,
-    weight_sync_of,
 )
 from sparrow_server.server.api_models import STRICT
 from sparrow_server.server.security import require_admin
@@ -81,7 +80,7 @@ def _state(sync: WeightSync, state: PauseState) -> dict[str, Any]:
 
 
 def weight_router(engine: Engine) -> APIRouter:
-    sync = weight_sync_of(engine)
+    sync = engine.weights()
     admin = APIRouter(dependencies=[Depends(require_admin)])
     public = APIRouter()
 

@@ -31,6 +31,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin import state
+from sparrow_server.sglang_plugin.config import PAGE_SIZE
 from sparrow_server.sglang_plugin.hooks import ROWS_ATTR
 from sparrow_server.sglang_plugin.planning import (
     REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step, rank_kv_heads,
@@ -76,8 +77,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
     def __init__(self, model_runner):
         super().__init__(model_runner, init_new_workspace=model_runner.init_new_workspace)
         cfg = state.config()
-        if self.page_size != 16:
-            raise ValueError(f"--page-size={self.page_size}: the sparrow backend needs --page-size 16")
+        if self.page_size != PAGE_SIZE:
+            raise ValueError(f"--page-size={self.page_size}: the sparrow backend needs --page-size {PAGE_SIZE}")
         upd = self.indices_updater_decode
         self.num_kv_heads, self.num_qo_heads, self.head_dim = upd.num_kv_heads, upd.num_qo_heads, upd.head_dim
         self.group = self.num_qo_heads // self.num_kv_heads
@@ -86,7 +87,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.table = state.table(self.req_to_token.shape[0])
         self.pcap = math.ceil(self.max_context_len / self.page_size)
-        self.topk_cap = max(1, min(cfg.topk_cap_tokens // self.page_size, self.pcap))
+        self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)

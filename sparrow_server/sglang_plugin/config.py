@@ -9,8 +9,9 @@ import os
 from dataclasses import dataclass
 
 BACKEND_NAME = "sparrow"
-CUSTOM_PARAM_SCHEDULE = "sparrow_schedule"            # a schedule name (``name`` or ``name@version``)
-CUSTOM_PARAM_SCHEDULE_JSON = "sparrow_schedule_json"  # a whole schedule as JSON text
+# The sparse decode kernel's page: SGLang runs with --page-size PAGE_SIZE (the host passes it, the
+# backend checks it), and the engine reports it as the server's page size.
+PAGE_SIZE = 16
 
 ENV_DEFAULT_SCHEDULE = "SPARROW_DEFAULT_SCHEDULE"
 ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"
@@ -41,6 +42,12 @@ class PluginConfig:
     schedule_dir: str | None = None
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
+
+    @property
+    def topk_cap_pages(self) -> int:
+        """The top-k cap in pages: the one value both processes pass to ``kv_budget_tokens`` (the
+        schedulers plan with it, the HTTP process reports each token's budget with it)."""
+        return max(1, self.topk_cap_tokens // PAGE_SIZE)
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "PluginConfig":

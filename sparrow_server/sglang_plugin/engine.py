@@ -22,11 +22,12 @@ from sparrow_server.engine.base import (
     DEFAULT_WEIGHT_VERSION, ContextLengthError, Engine, EngineHealth, EngineInfo, FinishReason, GenerationChunk, GenerationRequest,
     UnknownAdapterError,
 )
-from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON, PluginConfig
+from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
+from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
 from sparrow_server.sglang_plugin.state import server_dense_layers
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule, kv_budget_tokens
+from sparrow_server.sparsity import wire
+from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens
 
-PAGE_SIZE = 16
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
 
@@ -38,19 +39,6 @@ class ModelFacts:
     context_length: int
     vocab_size: int
     eos_token_ids: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class LoadedAdapter:
-    name: str
-    path: str
-
-
-class AdapterPaths(dict):
-    """name -> path of the LoRA versions in SGLang's pool; ``infos()`` as the adapter manager reads it."""
-
-    def infos(self) -> tuple[LoadedAdapter, ...]:
-        return tuple(LoadedAdapter(n, p) for n, p in sorted(self.items()))
 
 
 class SGLangRuntime(Protocol):
@@ -73,7 +61,7 @@ def sampling_dict(request: GenerationRequest) -> dict[str, Any]:
     if s.stop_token_ids:
         out["stop_token_ids"] = list(s.stop_token_ids)
     if request.schedule is not None:
-        out["custom_params"] = {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(request.schedule)}
+        out["custom_params"] = wire.encode_schedule(request.schedule)
     return out
 
 
@@ -156,13 +144,13 @@ class SGLangEngine(Engine):
     def __init__(self, runtime: SGLangRuntime, adapters: tuple[tuple[str, str], ...] = (),
                  config: PluginConfig | None = None):
         self._runtime = runtime
-        self.adapter_registry = AdapterPaths(adapters)  # (name, path) loaded by SGLang at start, then ours
+        self.lora_paths: dict[str, str] = dict(adapters)  # (name, path) loaded by SGLang at start, then ours
         self._live: set[str] = set()
         self._facts: ModelFacts | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
-        self.topk_cap_pages = max(1, cfg.topk_cap_tokens // PAGE_SIZE)
+        self.topk_cap_pages = cfg.topk_cap_pages
         self.dense_layers = server_dense_layers(cfg)
 
     @property
@@ -245,21 +233,27 @@ class SGLangEngine(Engine):
 
     # ----- adapters: SGLang's LoRA pool, under immutable versioned names --------------------
     def adapters(self) -> tuple[str, ...]:
-        return tuple(sorted(self.adapter_registry))
+        return tuple(sorted(self.lora_paths))
 
     def resolve_adapter(self, name: str | None) -> str | None:
-        if name is None or name in self.adapter_registry:
+        if name is None or name in self.lora_paths:
             return name
         raise UnknownAdapterError(name, self.adapters())
+
+    def adapter_port(self) -> AdapterPort:
+        return self
+
+    def loaded_adapters(self) -> tuple[LoadedAdapter, ...]:
+        return tuple(LoadedAdapter(n, p) for n, p in sorted(self.lora_paths.items()))
 
     def load_adapter(self, name: str, path: str) -> None:
         """Called off the event loop (the adapter manager runs it in a worker thread)."""
         self._on_loop(self._runtime.load_lora(name, path))
-        self.adapter_registry[name] = path
+        self.lora_paths[name] = path
 
     def unload_adapter(self, name: str) -> None:
         """Called off the event loop, once the manager has drained the version's requests."""
-        self.adapter_registry.pop(name, None)
+        self.lora_paths.pop(name, None)
         self._on_loop(self._runtime.unload_lora(name))
 
     def _on_loop(self, coro) -> Any:
@@ -268,11 +262,11 @@ class SGLangEngine(Engine):
             raise RuntimeError("the SGLang engine has not started (no event loop yet)")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def verification_scorer(self):
-        """(scorer, record_topk) for dense verification: a dense, adapter-free prefill on this server."""
+    def dense_scoring(self) -> DenseScoring:
+        """Dense verification by a dense, adapter-free prefill on this server."""
         from sparrow_server.sglang_plugin.verification import SGLangDenseScorer
 
-        return SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK
+        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK)
 
 
 def build_sglang_engine(options):
@@ -281,4 +275,4 @@ def build_sglang_engine(options):
 
 
 __all__ = ["SGLangEngine", "SGLangRuntime", "ModelFacts", "StreamState", "BudgetPlan", "sampling_dict",
-           "top_logprobs_num", "PAGE_SIZE"]
+           "top_logprobs_num"]

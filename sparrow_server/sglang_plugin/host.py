@@ -16,7 +16,7 @@ import os
 from typing import Any, Callable
 
 from sparrow_server.sglang_plugin.config import BACKEND_NAME, ENV_DEFAULT_SCHEDULE, ENV_SCHEDULE_DIR
-from sparrow_server.sglang_plugin.engine import PAGE_SIZE
+from sparrow_server.sglang_plugin.config import PAGE_SIZE
 
 # SGLang flags the sparrow server sets itself (from its own flags), so they must not come twice.
 OWNED_SGLANG_FLAGS = ("--model-path", "--host", "--port", "--attention-backend", "--page-size", "--max-running-requests")

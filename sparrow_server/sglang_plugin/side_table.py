@@ -8,15 +8,14 @@ The table also accumulates the KV budget each row used, for per-request reportin
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from typing import Any, Mapping
 
 import numpy as np
 
-from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE, CUSTOM_PARAM_SCHEDULE_JSON
 from sparrow_server.sparsity.registry import ScheduleRegistry
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dense_schedule, schedule_from_dict
+from sparrow_server.sparsity import wire
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 
 logger = logging.getLogger(__name__)
 
@@ -24,24 +23,12 @@ logger = logging.getLogger(__name__)
 def schedule_from_custom_params(
     custom_params: Mapping[str, Any] | None, registry: ScheduleRegistry, default: Schedule
 ) -> Schedule:
-    """The schedule a request asks for in ``sampling_params.custom_params``; ``default`` if none.
-
-    Accepts ``{"sparrow_schedule": "<name>[@version]"}`` or ``{"sparrow_schedule_json": "<json>"}``.
-    Raises ``ScheduleError`` / ``UnknownScheduleError`` on a bad value.
-    """
-    if not custom_params:
+    """The schedule a request asks for in ``sampling_params.custom_params`` (``sparsity.wire``);
+    ``default`` if none. Raises ``ScheduleError`` / ``UnknownScheduleError`` on a bad value."""
+    asked = wire.decode_schedule(custom_params)
+    if asked is None:
         return default
-    text = custom_params.get(CUSTOM_PARAM_SCHEDULE_JSON)
-    if text is not None:
-        if not isinstance(text, str):
-            raise ScheduleError(CUSTOM_PARAM_SCHEDULE_JSON, text, "must be a JSON string")
-        return schedule_from_dict(json.loads(text))
-    name = custom_params.get(CUSTOM_PARAM_SCHEDULE)
-    if name is None:
-        return default
-    if not isinstance(name, str):
-        raise ScheduleError(CUSTOM_PARAM_SCHEDULE, name, "must be a schedule name")
-    return registry.get(name)
+    return registry.get(asked) if isinstance(asked, str) else asked
 
 
 class ScheduleTable:
@@ -99,35 +86,37 @@ class ScheduleTable:
         return None if steps == 0 else float(self.budget_token_sum[row]) / steps
 
 
-EXTRA_KEY_PREFIX = CUSTOM_PARAM_SCHEDULE + "="
+NO_LORA_ID = "0"  # SGLang's ``Req.lora_id`` of a request without an adapter (nothing appended to extra_key)
 
 
-def schedule_name_from_extra_key(extra_key: Any) -> str | None:
-    """``NAME`` from an SGLang ``extra_key`` containing ``sparrow_schedule=NAME`` (the form that survives
-    sglang-router, which drops ``custom_params``; SGLang may append the LoRA id after it)."""
-    if not isinstance(extra_key, str) or EXTRA_KEY_PREFIX not in extra_key:
-        return None
-    rest = extra_key.split(EXTRA_KEY_PREFIX, 1)[1]
-    name = ""
-    for c in rest:
-        if not (c.isalnum() or c in "._-@"):
-            break
-        name += c
-    return name or None
+def client_extra_key(req: Any) -> Any:
+    """The ``extra_key`` the client sent: SGLang's ``Req`` appends the LoRA id to it, unseparated."""
+    extra_key, lora_id = getattr(req, "extra_key", None), getattr(req, "lora_id", None)
+    if isinstance(extra_key, str) and isinstance(lora_id, str) and lora_id != NO_LORA_ID and extra_key.endswith(lora_id):
+        return extra_key[:-len(lora_id)]
+    return extra_key
+
+
+def schedule_name_of_request(req: Any) -> str | None:
+    """The schedule a ``Req``'s ``extra_key`` names (``sparsity.wire``'s rule). The HTTP edge refuses
+    what this rule refuses; SGLang's own routes do not, so here a problem is logged, never raised."""
+    extra_key = client_extra_key(req)
+    if isinstance(extra_key, str) and wire.EXTRA_KEY_PREFIX in extra_key and not extra_key.startswith(wire.EXTRA_KEY_PREFIX):
+        logger.warning("request %s: extra_key %r has %r after other text (a cache_salt?); it names no schedule",
+                       getattr(req, "rid", "?"), extra_key, wire.EXTRA_KEY_PREFIX)
+    return wire.schedule_name_from_extra_key(extra_key)
 
 
 def resolve_request_schedule(req: Any, registry: ScheduleRegistry, default: Schedule) -> Schedule:
     """Schedule of an SGLang ``Req``: ``custom_params`` first, then ``extra_key``; a bad value falls
     back to ``default`` with a warning (the HTTP edge validates; the scheduler must not die on one request)."""
     params = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    if not (params and (CUSTOM_PARAM_SCHEDULE in params or CUSTOM_PARAM_SCHEDULE_JSON in params)):
-        name = schedule_name_from_extra_key(getattr(req, "extra_key", None))
-        if name is not None:
-            params = {CUSTOM_PARAM_SCHEDULE: name}
     try:
+        if not wire.names_schedule(params):
+            name = schedule_name_of_request(req)
+            params = {wire.SCHEDULE_PARAM: name} if name is not None else None
         schedule = schedule_from_custom_params(params, registry, default)
-        if schedule.page_size != default.page_size:
-            raise ScheduleError("page_size", schedule.page_size, f"this server's pages hold {default.page_size} tokens")
+        wire.check_page_size(schedule, default.page_size)
         return schedule
     except Exception as exc:  # anything a request sent (deeply nested JSON included) is this request's problem
         logger.warning("request %s: bad sparrow schedule (%s); using %s", getattr(req, "rid", "?"), exc, default.id)

@@ -15,8 +15,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
-from sparrow_server.sglang_plugin.config import CUSTOM_PARAM_SCHEDULE_JSON
-from sparrow_server.sparsity.schedule import dense_schedule, dump_schedule
+from sparrow_server.sparsity import wire
+from sparrow_server.sparsity.schedule import dense_schedule
 
 DEFAULT_TIMEOUT_S = 600.0
 
@@ -26,7 +26,7 @@ def dense_prefill_kwargs(prompt_ids: Sequence[int], completion_ids: Sequence[int
     return {
         "input_ids": [*prompt_ids, *completion_ids],
         "sampling_params": {"max_new_tokens": 0, "temperature": 1.0,
-                            "custom_params": {CUSTOM_PARAM_SCHEDULE_JSON: dump_schedule(dense_schedule())}},
+                            "custom_params": wire.encode_schedule(dense_schedule())},
         "return_logprob": True, "logprob_start_len": max(len(prompt_ids) - 1, 0), "top_logprobs_num": k,
         "lora_path": None,
     }

@@ -29,14 +29,20 @@ from sparrow_server.engine.base import (
     InvalidRequestError,
     PageSelection,
 )
-from sparrow_server.engine.reference.adapters import AdapterRegistry
+from sparrow_server.engine.memory import MemoryControl
+from sparrow_server.engine.ports import AdapterPort, LoadedAdapter, LocalModel
+from sparrow_server.engine.weights import WeightSync
+from sparrow_server.engine.reference.peft_adapters import PeftAdapterSlots
 from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
 from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
-from sparrow_server.sparsity.schedule import DEFAULT_PAGE_SIZE, Schedule, attended_pages, dense_schedule, kv_budget_tokens
+from sparrow_server.sparsity.schedule import (
+    DEFAULT_PAGE_SIZE, Schedule, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
+)
+from sparrow_server.sparsity.wire import check_page_size
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +89,7 @@ class ReferenceEngine(Engine):
         self.max_batch_size = max_batch_size
         self.weight_version = weight_version
         self.runner = ModelRunner(model)
-        self.adapter_registry = AdapterRegistry()
+        self.peft_adapters = PeftAdapterSlots()
         config = model.config
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.context_length = int(getattr(config, "max_position_embeddings", 0) or 2048)
@@ -124,22 +130,40 @@ class ReferenceEngine(Engine):
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
 
+    def adapter_port(self) -> AdapterPort:
+        return self
+
+    def weights(self) -> WeightSync:
+        return self.weight_sync
+
+    def memory_control(self) -> MemoryControl:
+        return self.memory
+
+    def local_model(self) -> LocalModel:
+        return LocalModel(lambda: self.runner.model, self._step_lock)
+
+    def max_running_requests(self) -> int:
+        return self.max_batch_size
+
+    def loaded_adapters(self) -> tuple[LoadedAdapter, ...]:
+        return self.peft_adapters.loaded()
+
     def load_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA directory as adapter ``name`` (between steps)."""
         with self._step_lock:
-            self.runner.model = self.adapter_registry.attach(self.runner.model, name, path)
+            self.runner.model = self.peft_adapters.attach(self.runner.model, name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name`` (between steps). The caller ensures no request still uses it."""
         with self._step_lock:
-            self.runner.model = self.adapter_registry.detach(self.runner.model, name)
+            self.runner.model = self.peft_adapters.detach(self.runner.model, name)
 
     # ----- interface ---------------------------------------------------------------------
     def adapters(self) -> tuple[str, ...]:
-        return self.adapter_registry.names()
+        return self.peft_adapters.names()
 
     def resolve_adapter(self, name: str | None) -> str | None:
-        return self.adapter_registry.resolve(name)
+        return self.peft_adapters.resolve(name)
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -169,9 +193,10 @@ class ReferenceEngine(Engine):
         if self.cache.pages_for(prompt + new) > self.cache.usable_pages:
             raise ContextLengthError(prompt, new, self.cache.usable_pages * self.cache.page_size, "KV pool capacity")
         schedule = request.schedule or dense_schedule()
-        if schedule.page_size != self.cache.page_size:
-            raise InvalidRequestError("schedule.page_size", schedule.page_size,
-                                      f"this engine's pages hold {self.cache.page_size} tokens")
+        try:
+            check_page_size(schedule, self.cache.page_size)
+        except ScheduleError as exc:  # a field of this request
+            raise InvalidRequestError("schedule.page_size", exc.value, exc.reason) from None
         if request.sampling.stop and self.tokenizer is None:
             raise InvalidRequestError("sampling_params.stop", list(request.sampling.stop),
                                       "stop strings need a tokenizer; this model has none (use stop_token_ids)")

@@ -1,36 +1,27 @@
-"""LoRA adapters of the reference engine (peft). Minimal: load by name from a PEFT directory;
-requests name an adapter, resolved once at admission. Versioning, aliases and drain-then-unload
-come with the adapter-lifecycle issue and belong here."""
+"""The LoRA adapters loaded into the reference engine's model (peft): attach/detach by name from a
+PEFT directory. Versions, aliases and drain-then-unload are ``engine.adapter_versions``' job."""
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sparrow_server.engine.base import InvalidRequestError, UnknownAdapterError
+from sparrow_server.engine.ports import LoadedAdapter
 
 
-@dataclass(frozen=True)
-class AdapterInfo:
-    name: str
-    path: str
-    loaded_at: float
-
-
-class AdapterRegistry:
+class PeftAdapterSlots:
     """Name -> loaded adapter. ``attach`` wraps the base model in a peft ``PeftModel`` on first use."""
 
     def __init__(self) -> None:
-        self._adapters: dict[str, AdapterInfo] = {}
+        self._adapters: dict[str, LoadedAdapter] = {}
         self._lock = threading.Lock()
 
     def names(self) -> tuple[str, ...]:
         with self._lock:
             return tuple(sorted(self._adapters))
 
-    def infos(self) -> tuple[AdapterInfo, ...]:
+    def loaded(self) -> tuple[LoadedAdapter, ...]:
         with self._lock:
             return tuple(self._adapters[n] for n in sorted(self._adapters))
 
@@ -58,7 +49,7 @@ class AdapterRegistry:
             model = PeftModel.from_pretrained(model, str(path), adapter_name=name)
         model.eval()
         with self._lock:
-            self._adapters[name] = AdapterInfo(name, str(path), time.time())
+            self._adapters[name] = LoadedAdapter(name, str(path))
         return model
 
     def detach(self, model: Any, name: str) -> Any:

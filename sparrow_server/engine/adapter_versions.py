@@ -10,12 +10,11 @@
   then unloads it from the engine. An alias still pointing at it -> 409 (move the alias first).
 - With ``persist_dir`` the versions and aliases survive a restart (``registry.json``).
 
-``GatedEngine`` wraps an engine so that every request goes through ``acquire``/``release``.
+``engine.gated.GatedEngine`` wraps an engine so that every request goes through ``acquire``/``release``.
 """
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -25,9 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
-from sparrow_server.engine.base import EngineError, GenerationChunk, GenerationRequest, UnknownAdapterError
+from sparrow_server.adapter_meta.metadata import AdapterArtifactError, AdapterMetadata, read_adapter_metadata
+from sparrow_server.engine.base import Engine, EngineError, UnknownAdapterError
+from sparrow_server.engine.ports import AdapterPort
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,9 @@ class AdapterVersion:
 class AdapterManager:
     """See the module docstring. Thread-safe; ``unload`` is a coroutine (it waits for the drain)."""
 
-    def __init__(self, engine: Any, max_rank: int = DEFAULT_MAX_LORA_RANK,
+    def __init__(self, port: AdapterPort | None, max_rank: int = DEFAULT_MAX_LORA_RANK,
                  base_fingerprint: Callable[[], str | None] | None = None, persist_dir: str | Path | None = None):
-        self.engine = engine
+        self.port = port  # None: the engine cannot load adapters at run time
         self.max_rank = max_rank
         self._fingerprint_fn = base_fingerprint or (lambda: None)
         self.persist_dir = Path(persist_dir) if persist_dir is not None else None
@@ -132,7 +133,7 @@ class AdapterManager:
                                            "load under a new name and move the alias")
         meta = self._check(path)
         try:
-            self.engine.load_adapter(name, str(path))
+            self._port("path", str(path)).load_adapter(name, str(path))
         except EngineError:
             raise
         except Exception as exc:  # peft/safetensors refusing the files: a bad adapter, not a server fault
@@ -144,15 +145,17 @@ class AdapterManager:
 
     def adopt_loaded(self) -> None:
         """Record as versions the adapters the engine loaded at start (``serve --adapter NAME=PATH``)."""
-        registry = getattr(self.engine, "adapter_registry", None)
-        for info in registry.infos() if registry is not None else ():
+        for info in self.port.loaded_adapters() if self.port is not None else ():
             if info.name not in self._versions:
                 self._record(info.name, info.path, self._check(info.path))
 
-    def _check(self, path: str | Path) -> Any:
-        """The adapter's metadata, or AdapterRequestError naming what is wrong with it."""
-        from sparrow_server.distill.artifact import AdapterArtifactError, read_adapter_metadata
+    def _port(self, field_name: str, value: Any) -> AdapterPort:
+        if self.port is None:
+            raise AdapterRequestError(field_name, value, "this engine cannot load adapters at run time")
+        return self.port
 
+    def _check(self, path: str | Path) -> AdapterMetadata:
+        """The adapter's metadata, or AdapterRequestError naming what is wrong with it."""
         try:
             meta = read_adapter_metadata(path)
         except AdapterArtifactError as exc:
@@ -165,7 +168,7 @@ class AdapterManager:
                                       f"{meta.base_fingerprint[:24]}..., this server runs {base[:24]}...)")
         return meta
 
-    def _record(self, name: str, path: str | Path, meta: Any) -> AdapterVersion:
+    def _record(self, name: str, path: str | Path, meta: AdapterMetadata) -> AdapterVersion:
         version = AdapterVersion(name, str(path), meta.rank, meta.alpha, meta.target_modules, meta.base_fingerprint,
                                  meta.schedule_id, time.time())
         with self._lock:
@@ -213,7 +216,7 @@ class AdapterManager:
                 self._draining.discard(name)
                 raise AdapterConflictError("name", name, f"still has {self._inflight[name]} request(s) in flight "
                                            f"after {timeout_s} s; it stays loaded")
-        self.engine.unload_adapter(name)
+        self._port("name", name).unload_adapter(name)
 
     def restore(self) -> list[str]:
         """Reload the persisted versions and aliases (at start-up); returns the problems, one per line."""
@@ -259,54 +262,24 @@ def _check_name(field_name: str, name: Any) -> None:
         raise AdapterRequestError(field_name, name, "must be 1-128 characters of letters, digits, '.', '_' or '-'")
 
 
-def default_adapter_manager(engine: Any, persist_dir: str | Path | None = None,
+def default_adapter_manager(engine: Engine, persist_dir: str | Path | None = None,
                             max_rank: int = DEFAULT_MAX_LORA_RANK) -> AdapterManager:
     """The manager a server builds: base fingerprint from the engine's model when it has one in
     process (the reference engine), adapters loaded at start adopted, persisted ones restored."""
+    local = engine.local_model()
+
     def fingerprint() -> str | None:
-        runner = getattr(engine, "runner", None)
-        if runner is None:
+        if local is None:
             return None
-        from sparrow_server.distill.fingerprint import model_fingerprint
+        from sparrow_server.adapter_meta.fingerprint import model_fingerprint  # torch: only with an in-process model
 
-        return model_fingerprint(runner.model)
+        return model_fingerprint(local.model)
 
-    manager = AdapterManager(engine, max_rank=max_rank, base_fingerprint=fingerprint, persist_dir=persist_dir)
+    manager = AdapterManager(engine.adapter_port(), max_rank=max_rank, base_fingerprint=fingerprint, persist_dir=persist_dir)
     manager.adopt_loaded()
     manager.restore()
     return manager
 
 
-class GatedEngine:
-    """An engine whose requests resolve their adapter (alias -> version) once, at admission, through
-    ``AdapterManager.acquire``, run on that version, and release it when they end. Everything else
-    is the wrapped engine's."""
-
-    def __init__(self, engine: Any, manager: AdapterManager):
-        self._engine = engine
-        self.adapter_manager = manager
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def adapters(self) -> tuple[str, ...]:
-        return self.adapter_manager.names()
-
-    def resolve_adapter(self, name: str | None) -> str | None:
-        return self.adapter_manager.resolve(name)
-
-    def validate(self, request: GenerationRequest) -> None:
-        self._engine.validate(dataclasses.replace(request, adapter=self.adapter_manager.resolve(request.adapter)))
-
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        version = self.adapter_manager.acquire(request.adapter)
-        try:
-            async with contextlib.aclosing(self._engine.submit(dataclasses.replace(request, adapter=version))) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            self.adapter_manager.release(version)
-
-
-__all__ = ["AdapterManager", "AdapterVersion", "GatedEngine", "default_adapter_manager", "AdapterRequestError", "AdapterConflictError",
+__all__ = ["AdapterManager", "AdapterVersion", "default_adapter_manager", "AdapterRequestError", "AdapterConflictError",
            "DEFAULT_MAX_LORA_RANK"]
