@@ -27,6 +27,7 @@ from sparrow_server import __version__
 from sparrow_server.engine.base import Engine, GenerationRequest, SamplingParams
 from sparrow_server.engine.memory import WEIGHT_CHECK_ACTIONS, MemoryBusyError
 from sparrow_server.server.api_models import STRICT, AbortIn
+from sparrow_server.server.errors import error_body
 from sparrow_server.server.security import require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
 
@@ -63,8 +64,7 @@ class CheckWeightsIn(BaseModel):
 
 def _failure(message: str, kind: str = "not_supported", status: int = 400) -> JSONResponse:
     """SGLang's failure body (``success``/``message``, 400) plus this service's ``error`` object."""
-    return JSONResponse({"success": False, "message": message, "error": {"type": kind, "message": message},
-                         "detail": message}, status_code=status)
+    return JSONResponse({"success": False, "message": message, **error_body(kind, message)}, status_code=status)
 
 
 def install_control_routes(app: FastAPI, service: RolloutService, engine: Engine) -> None:

@@ -20,10 +20,13 @@ from sparrow_server.sparsity.registry import UnknownScheduleError
 from sparrow_server.sparsity.schedule import ScheduleError
 
 
+def error_body(kind: str, message: str, **fields: Any) -> dict[str, Any]:
+    """Every error answer's body; the values it echoes (which may be anything a client sent) are made strict JSON."""
+    return json_safe({"error": {"type": kind, "message": message, **fields}, "detail": message})
+
+
 def error_response(status: int, kind: str, message: str, **fields: Any) -> JSONResponse:
-    """An error answer; the values it echoes (which may be anything a client sent) are made strict JSON."""
-    body = {"error": {"type": kind, "message": message, **fields}, "detail": message}
-    return JSONResponse(status_code=status, content=json_safe(body))
+    return JSONResponse(status_code=status, content=error_body(kind, message, **fields))
 
 
 def _loc(loc: tuple) -> str:
