@@ -19,6 +19,7 @@ Payloads and parsing were written from reading the clients' sources:
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -30,7 +31,8 @@ from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 
 PROMPT = [(5 * i + 2) % (TINY_VOCAB - 1) + 1 for i in range(40)]
-LONG = 600  # tokens: still generating when the control call arrives
+LONG = 600  # tokens: still generating when the control call arrives (see throttle_decode)
+STEP_FLOOR_S = 0.004  # a LONG rollout lasts >= 2.4 s on any machine: a fast idle CI host once finished it first
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +45,22 @@ def ckpt(tmp_path_factory):
 def server(ckpt, one_torch_thread):
     tokenizer = CharTokenizer()
     engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
+    throttle_decode(engine, STEP_FLOOR_S)
     with live_server(create_app(engine, tokenizer=tokenizer)) as live:
         live.engine = engine
         yield live
+
+
+def throttle_decode(engine: ReferenceEngine, seconds: float) -> None:
+    """Give every decode step a floor of ``seconds``, so the control calls below land while a LONG rollout
+    still runs however fast the machine is (the tiny model decodes in well under a millisecond a token)."""
+    step = engine._decode_isolated
+
+    def floored(seqs):
+        time.sleep(seconds)
+        step(seqs)
+
+    engine._decode_isolated = floored
 
 
 # ----- the clients' helpers, as they are written ----------------------------------------------------
