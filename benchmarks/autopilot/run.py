@@ -120,9 +120,38 @@ def _save(out: Path, args, plan, snapshots, rollouts, http) -> None:
     (out / "autopilot.json").write_text(json.dumps(data) + "\n")
 
 
-def attended_cost(budgets: list[int], lengths: list[int]) -> float:
-    """Mean KV tokens a sparse layer attends per generated token: min(budget of the length's bin, length)."""
-    return sum(min(budgets[min(n // BIN, len(budgets) - 1)], n) for n in lengths) / len(lengths)
+def decode_lengths(rollouts: list[dict]) -> list[int]:
+    """KV length of every decode step of every rollout: token j >= 1 is decoded at prompt + j tokens (token 0
+    comes from the prefill, which attends the prompt densely and has no ``kv_budget_tokens``)."""
+    return [r["prompt_tokens"] + j for r in rollouts for j in range(1, len(r["kv_budget_tokens"]))]
+
+
+def attended_cost(schedule, lengths: list[int]) -> float:
+    """Mean KV tokens a sparse layer attends per decode step under ``schedule``: the project's one definition,
+    ``kv_budget_tokens`` (the value the engines report per token), at each of ``lengths``."""
+    from sparrow_server.sparsity.schedule import kv_budget_tokens
+
+    return sum(kv_budget_tokens(schedule, n) for n in lengths) / len(lengths)
+
+
+def version_schedule(history: dict, version: int):
+    from sparrow_server.sparsity.schedule import schedule_from_dict
+
+    return schedule_from_dict(next(v["schedule"] for v in history["versions"] if v["version"] == version))
+
+
+def recount_mismatches(data: dict) -> int:
+    """Decode steps whose reported ``kv_budget_tokens`` differs from ``kv_budget_tokens`` recomputed under the
+    schedule version the rollout ran on (0: the cost column counts what the server attended)."""
+    from sparrow_server.sparsity.schedule import kv_budget_tokens
+
+    bad = 0
+    for r in data["rollouts"]:
+        name, version = r["schedule_id"].rsplit("@", 1)
+        schedule = version_schedule(data["history"][name], int(version))
+        bad += sum(kv_budget_tokens(schedule, r["prompt_tokens"] + j) != reported
+                   for j, reported in enumerate(r["kv_budget_tokens"]) if j)
+    return bad
 
 
 def final_budget_p5(records: list[dict], name: str, budgets: list[int], b: int, cfg: dict) -> dict | None:
@@ -158,11 +187,14 @@ def report(args) -> int:
     # The server's verified rollouts (GET /autopilot/evidence, saved while the run was alive), if kept.
     evidence_path = out / "evidence.json"
     evidence = json.loads(evidence_path.read_text())["records"] if evidence_path.exists() else None
-    offline = json.loads(OFFLINE.read_text())["budgets_tokens"]
-    # Token lengths (prompt + generated so far) of every step of every rollout, from its kv_budget_tokens count.
-    lengths = [r["prompt_tokens"] + i for r in data["rollouts"] for i in range(len(r["kv_budget_tokens"]))]
+    from sparrow_server.sparsity.schedule import load_schedule
+
+    offline_schedule = load_schedule(OFFLINE)
+    offline = list(offline_schedule.budgets_tokens)
+    lengths = decode_lengths(data["rollouts"])  # every row's cost is over the same decode steps
     summary = {"target": target, "band": [target - 0.02, target + margin], "offline_schedule": offline,
-               "offline_cost": attended_cost(offline, lengths), "schedules": {}}
+               "offline_cost": attended_cost(offline_schedule, lengths), "decode_steps": len(lengths),
+               "reported_vs_kv_budget_tokens_mismatches": recount_mismatches(data), "schedules": {}}
     fig, axes = plt.subplots(2, len(plan), figsize=(6 * len(plan) + 1, 8), sharex=True, squeeze=False)
     updated = next((s["weights_updated_at"] for s in data["snapshots"] if s.get("weights_updated_at")), None)
     for col, name in enumerate(plan):
@@ -185,7 +217,8 @@ def report(args) -> int:
                 row["at_final_budget"] = final_budget_p5(evidence, name, final["budgets_tokens"], b, cfg)
         summary["schedules"][name] = {
             "start": data["starts"][name], "final_version": final["version"], "final_budgets": final["budgets_tokens"],
-            "cost": attended_cost(final["budgets_tokens"], lengths), "bins": bins,
+            "start_cost": attended_cost(version_schedule(data["history"][name], 1), lengths),
+            "cost": attended_cost(version_schedule(data["history"][name], final["version"]), lengths), "bins": bins,
             "versions": len(data["history"][name]["versions"])}
         axes[0][col].set_title(f"{name}: budget per 64-token bin (dotted: offline-calibrated)")
         axes[0][col].set_ylabel("KV budget (tokens)")

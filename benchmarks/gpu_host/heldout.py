@@ -1,9 +1,9 @@
 """Held-out check of a calibrated schedule on a running server, against a fixed budget of the same cost.
 
 The same-cost fixed budget: the calibrated schedule's mean attended tokens per generated token over
-the held-out lengths (``min(budget(length), length)``, as the fidelity study's (c)), rounded to a
-page. Both run on the held-out prompts (``cross_engine.generate``: the server's rollouts, its top-20
-lower bound), the oracle re-scores them exactly (``cross_engine.score``), and p5 per length bin with
+the held-out decode steps (``kv_budget_tokens``, the tokens a sparse layer attends, as the engines
+report them), rounded to a page. Both run on the held-out prompts (``cross_engine.generate``: the
+server's rollouts, its top-20 lower bound), the oracle re-scores them exactly (``cross_engine.score``), and p5 per length bin with
 95% bootstrap intervals is compared with the target +- 0.02. A few ``/rollout`` requests with
 ``"verify": true`` then go through the server's live verification, whose per-bin series
 ``/metrics`` exports (kept in the output).
@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cross_engine as X  # noqa: E402
 
-from sparrow_server.sparsity.schedule import Schedule, budget_tokens, load_schedule  # noqa: E402
+from sparrow_server.sparsity.schedule import Schedule, kv_budget_tokens, load_schedule  # noqa: E402
 
 BAND = 0.02
 METRIC_PREFIX = "sparrow_acceptance"
@@ -34,7 +34,7 @@ VERIFY_WAIT_S = 60
 
 def same_cost_budget(schedule: Schedule, prompt_lens: list[int], total: int) -> tuple[int, float]:
     """(fixed budget in tokens, the schedule's mean attended tokens per generated token)."""
-    attended = [min(budget_tokens(schedule, n, p), n) for p in prompt_lens for n in range(p + 1, total + 1)]
+    attended = [kv_budget_tokens(schedule, n, p) for p in prompt_lens for n in range(p + 1, total + 1)]
     mean = float(np.mean(attended))
     page = schedule.page_size
     return max(page * (schedule.reserved_pages + 1), int(round(mean / page)) * page), mean
