@@ -195,6 +195,7 @@ def test_config_names_the_bad_field():
     for kwargs, name in (({"target": 1.5}, "target"), ({"target": 0.9, "margin": -0.1}, "margin"),
                          ({"target": 0.9, "min_tokens": 0}, "min_tokens"),
                          ({"target": 0.9, "raise_factor": 1.0}, "raise_factor"),
+                         ({"target": 0.9, "retry_windows": -1}, "retry_windows"),
                          ({"target": 0.9, "floor_tokens": 256, "ceiling_tokens": 128}, "floor_tokens")):
         with pytest.raises(AutopilotConfigError) as err:
             AutopilotConfig(**kwargs)
@@ -236,3 +237,38 @@ def test_property_budgets_stay_valid_and_change_only_on_enough_evidence(start, p
         assert all(b % PAGE == 0 and floor <= b <= ceiling for b in ctl.budgets)
         assert all(x <= y for x, y in zip(ctl.budgets, ctl.budgets[1:]))
         assert not math.isnan(sum(ctl.budgets))
+
+
+def _one_bin(retry_windows: int) -> BudgetController:
+    """One open-ended bin whose tail holds at 112 tokens (p5 0.95, above the band) and fails at 96 (0.85)."""
+    return make([96], retry_windows=retry_windows)
+
+
+def _feed_one(ctl: BudgetController, n: int) -> list:
+    ctl.observe(ctl.budgets, tokens_with_p5(0.95 if ctl.budgets[0] >= 112 else 0.85, n), [0] * n)
+    return ctl.step()
+
+
+def test_a_failed_budget_is_retried_after_enough_evidence_above_the_band_ever_more_rarely():
+    ctl = _one_bin(retry_windows=2)  # min_tokens 200: a retry needs 400 tokens at 112, then 800, ...
+    assert [c.new_tokens for c in _feed_one(ctl, 200)] == [144]  # 96 failed: x1.5
+    assert [c.new_tokens for c in _feed_one(ctl, 200)] == [128]
+    assert [c.new_tokens for c in _feed_one(ctl, 200)] == [112]
+    for waited in (400, 800):  # doubles with each failure of the bin
+        assert _feed_one(ctl, 200) == [] and _feed_one(ctl, waited - 201) == []  # 96 failed: not yet
+        retry = _feed_one(ctl, 1)
+        assert [(c.reason, c.new_tokens) for c in retry] == [(LOWER, 96)]
+        assert retry[0].evidence.n_tokens == waited and retry[0].evidence.p5_low > TARGET + MARGIN
+        back = _feed_one(ctl, 200)  # 96 fails again: straight back to the budget that held
+        assert [(c.reason, c.new_tokens) for c in back] == [(RAISE, 112)]
+    assert ctl.state()["bins"][0]["failed_tokens"] == 96
+
+
+def test_a_failed_budget_is_never_retried_with_retry_windows_zero():
+    ctl = _one_bin(retry_windows=0)
+    for _ in range(3):
+        _feed_one(ctl, 200)
+    assert ctl.budgets == (112,)
+    for _ in range(60):  # 12,000 tokens above the band at 112
+        assert _feed_one(ctl, 200) == []
+    assert ctl.budgets == (112,)

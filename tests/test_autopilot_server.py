@@ -157,7 +157,8 @@ def test_bad_settings_name_the_field_and_admin_routes_need_the_token(model_dir, 
     with make_client(model_dir, tmp_path) as client:
         client.put(f"/schedules/{NAME}", json=SCHEDULE)
         for body, field in (({**PILOT, "target": 1.5}, "target"), ({**PILOT, "ceiling_tokens": 100}, "ceiling_tokens"),
-                            ({**PILOT, "min_tokens": 0}, "min_tokens"), ({**PILOT, "floor_tokens": 200}, "floor_tokens")):
+                            ({**PILOT, "min_tokens": 0}, "min_tokens"), ({**PILOT, "floor_tokens": 200}, "floor_tokens"),
+                            ({**PILOT, "retry_windows": -1}, "retry_windows")):
             r = client.put(f"/schedules/{NAME}/autopilot", json=body)
             assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
         r = client.put(f"/schedules/{NAME}/autopilot", json={**PILOT, "targt": 0.9})

@@ -8,7 +8,9 @@ decide:
 - **raise** (fast) when the interval's upper end is below ``target``: back to the smallest budget
   that held the target before (if any), else ``raise_factor`` times the budget;
 - **lower** (slow, ``lower_pages`` pages) when the interval's lower end is above ``target + margin``,
-  never to a budget that failed before (no raise/lower cycles);
+  not to a budget that failed before until the current budget's window holds ``retry_windows`` x
+  ``min_tokens`` tokens that clear ``target + margin`` (doubled after each failure of the bin, so a
+  budget on the target's edge is retried ever more rarely; 0: never retried);
 - **hold** otherwise (the window keeps filling, so a later decision rests on more tokens).
 
 Budgets stay page multiples, non-decreasing across bins (a raise carries the later bins up with
@@ -44,6 +46,7 @@ DEFAULT_RAISE_FACTOR = 1.5
 DEFAULT_LOWER_PAGES = 1
 DEFAULT_QUANTILE = 0.05
 DEFAULT_MAX_WINDOW_TOKENS = 20_000
+DEFAULT_RETRY_WINDOWS = 4
 RAISE, LOWER, FOLLOW, TRIM = "raise", "lower", "follow", "trim"
 
 
@@ -72,6 +75,7 @@ class AutopilotConfig:
     lower_pages: int = DEFAULT_LOWER_PAGES
     quantile: float = DEFAULT_QUANTILE
     max_window_tokens: int = DEFAULT_MAX_WINDOW_TOKENS
+    retry_windows: int = DEFAULT_RETRY_WINDOWS
 
     def __post_init__(self) -> None:
         _check_number("target", self.target, 0.0, 1.0, low_open=True)
@@ -81,6 +85,7 @@ class AutopilotConfig:
         _check_number("raise_factor", self.raise_factor, 1.0, math.inf, low_open=True)
         for name in ("min_tokens", "lower_pages", "max_window_tokens"):
             _check_int(name, getattr(self, name), 1)
+        _check_int("retry_windows", self.retry_windows, 0)
         for name in ("floor_tokens", "ceiling_tokens"):
             if getattr(self, name) is not None:
                 _check_int(name, getattr(self, name), 1)
@@ -157,6 +162,7 @@ class _Bin:
     n_tokens: int = 0
     held: int | None = None  # smallest budget whose p5 reached the target
     failed: int = 0  # largest budget whose p5 interval lay below the target
+    failures: int = 0  # raises of this bin (each doubles the evidence a retry of a failed budget needs)
 
     def add(self, values: np.ndarray, cap: int) -> None:
         self.window.append(values)
@@ -298,7 +304,7 @@ class BudgetController:
         if ev.p5 >= cfg.target:
             state.held = budget if state.held is None else min(state.held, budget)
         if ev.p5_high < cfg.target:
-            state.failed = max(state.failed, budget)
+            state.failed, state.failures = max(state.failed, budget), state.failures + 1
             if state.held is not None and state.held <= budget:
                 state.held = None  # it held once, no longer does
             grown = self._pages_up(budget * cfg.raise_factor)
@@ -307,10 +313,16 @@ class BudgetController:
             return new if new != budget else None
         if ev.p5_low > cfg.target + cfg.margin:
             new = self._clamp(budget - cfg.lower_pages * self.page_size)
-            if new <= state.failed:
+            if new <= state.failed and not self._may_retry(state, ev):
                 new = self._clamp(self._pages_up(state.failed + 1))
             return new if new < budget else None
         return None
+
+    def _may_retry(self, state: _Bin, ev: BinEvidence) -> bool:
+        """Whether the current budget's window (``ev``, clearing target + margin) is long enough to try a failed
+        budget again: ``retry_windows`` x ``min_tokens`` tokens, doubled per earlier failure of the bin."""
+        cfg = self.config
+        return cfg.retry_windows > 0 and ev.n_tokens >= cfg.retry_windows * cfg.min_tokens * 2 ** (state.failures - 1)
 
     def _dense_cap(self, b: int) -> float:
         """Smallest budget that is dense over all of bin ``b`` (no cap for the open-ended last bin)."""

@@ -17,6 +17,7 @@ from sparrow_server.autopilot.controller import (
     DEFAULT_MARGIN,
     DEFAULT_MIN_TOKENS,
     DEFAULT_RAISE_FACTOR,
+    DEFAULT_RETRY_WINDOWS,
     AutopilotConfig,
     AutopilotConfigError,
 )
@@ -36,6 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE)
     p.add_argument("--raise-factor", type=float, default=DEFAULT_RAISE_FACTOR)
     p.add_argument("--lower-pages", type=int, default=DEFAULT_LOWER_PAGES)
+    p.add_argument("--retry-windows", type=int, default=DEFAULT_RETRY_WINDOWS,
+                   help="retry a failed budget after this many min-tokens windows above the band (0: never)")
     p.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S, help="seconds between polls")
     p.add_argument("--iterations", type=int, default=None, help="stop after this many polls (default: run until killed)")
     p.set_defaults(func=run)
@@ -47,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
     servers = [u.strip().rstrip("/") for u in args.servers.split(",") if u.strip()]
     try:
         config = AutopilotConfig(args.target, args.margin, args.floor_tokens, args.ceiling_tokens, args.min_tokens,
-                                 args.confidence, args.raise_factor, args.lower_pages)
+                                 args.confidence, args.raise_factor, args.lower_pages,
+                                 retry_windows=args.retry_windows)
     except AutopilotConfigError as exc:
         print(f"sparrow-server autopilot: --{exc.field.replace('_', '-')} {exc.value}: {exc.reason}", file=sys.stderr)
         return 2

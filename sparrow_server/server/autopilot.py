@@ -36,6 +36,7 @@ from sparrow_server.autopilot.controller import (
     DEFAULT_MARGIN,
     DEFAULT_MIN_TOKENS,
     DEFAULT_RAISE_FACTOR,
+    DEFAULT_RETRY_WINDOWS,
     AutopilotConfig,
     AutopilotConfigError,
     BudgetController,
@@ -64,6 +65,7 @@ class AutopilotIn(BaseModel):
     confidence: float = DEFAULT_CONFIDENCE
     raise_factor: float = DEFAULT_RAISE_FACTOR
     lower_pages: int = DEFAULT_LOWER_PAGES
+    retry_windows: int = DEFAULT_RETRY_WINDOWS
 
 
 class VersionIn(BaseModel):
