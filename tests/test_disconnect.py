@@ -120,7 +120,7 @@ def test_sglang_engine_aborts_its_sglang_requests_when_clients_drop():
     """The SGLang engine's path: each dropped stream aborts its request in SGLang (the runtime's
     ``abort``), and the engine forgets it."""
     from helpers.fake_sglang import FakeRuntime
-    from sparrow_server.sglang_plugin.engine import SGLangEngine
+    from sparrow_server.sglang_plugin.frontend.engine import SGLangEngine
 
     runtime = FakeRuntime(chunk_tokens=1)
     runtime.token_delay_s = 0.02  # 200 tokens: 4 s if nobody aborted

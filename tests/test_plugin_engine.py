@@ -18,10 +18,10 @@ from sparrow_server.cli import main as cli_main
 from sparrow_server.engine.adapter_versions import AdapterManager
 from sparrow_server.engine.base import ContextLengthError, GenerationRequest, SamplingParams, UnknownAdapterError
 from sparrow_server.server.app import create_app
-from sparrow_server.sglang_plugin.engine import SGLangEngine, StreamState, sampling_dict
-from sparrow_server.sglang_plugin.host import mount_sparrow, serve_weight_version, sglang_argv
-from sparrow_server.sglang_plugin.planning import plan_step
-from sparrow_server.sglang_plugin.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
+from sparrow_server.sglang_plugin.frontend.engine import SGLangEngine, StreamState, sampling_dict
+from sparrow_server.sglang_plugin.frontend.host import mount_sparrow, serve_weight_version, sglang_argv
+from sparrow_server.sglang_plugin.scheduler.planning import plan_step
+from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import ScheduleError, parse_schedule_text, schedule_from_dict
 
@@ -390,7 +390,7 @@ def test_schedules_needing_other_dense_layers_are_refused_not_run_sparse(monkeyp
 
 
 def test_scheduler_warns_once_about_a_schedule_it_cannot_honour(caplog):
-    from sparrow_server.sglang_plugin.side_table import ScheduleTable
+    from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable
 
     table = ScheduleTable(8, default=ScheduleRegistry().get(SPARSE))
     odd = schedule_from_dict({"name": "odd", "budgets_tokens": [512], "dense_layers": [3]})

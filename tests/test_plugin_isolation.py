@@ -8,10 +8,10 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 
-from sparrow_server.sglang_plugin import planning
-from sparrow_server.sglang_plugin.engine import BudgetPlan
-from sparrow_server.sglang_plugin.planning import plan_step
-from sparrow_server.sglang_plugin.side_table import ScheduleTable, assign_request, resolve_request_schedule
+from sparrow_server.sglang_plugin.scheduler import planning
+from sparrow_server.sglang_plugin.frontend.engine import BudgetPlan
+from sparrow_server.sglang_plugin.scheduler.planning import plan_step
+from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable, assign_request, resolve_request_schedule
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_schedule, kv_budget_tokens
 

@@ -13,10 +13,10 @@ import torch
 
 from sparrow_server.kernels import reference as R
 from sparrow_server.sglang_plugin.config import DEFAULT_TOPK_CAP_TOKENS, PluginConfig, PluginConfigError
-from sparrow_server.sglang_plugin.planning import (
+from sparrow_server.sglang_plugin.scheduler.planning import (
     REQUEST_FIELDS, logical_page_lists, pack, packed_layout, plan_request, plan_step,
 )
-from sparrow_server.sglang_plugin.side_table import (
+from sparrow_server.sglang_plugin.scheduler.side_table import (
     ScheduleTable, client_extra_key, resolve_request_schedule, schedule_from_custom_params,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sparrow_server.kernels import reference as R
-from sparrow_server.sglang_plugin.planning import (
+from sparrow_server.sglang_plugin.scheduler.planning import (
     REQUEST_FIELDS, kv_heads_per_rank, logical_page_lists, pack, packed_layout, plan_step, rank_kv_heads, rank_plan,
 )
 from sparrow_server.sparsity.schedule import Schedule
@@ -160,7 +160,7 @@ def test_rank_selection_matches_one_rank(total, tp, seed):
 
 def test_selection_records_carry_global_kv_heads(tmp_path):
     """A TP rank's debug records name its KV heads by their global number (what cross_engine compares)."""
-    from sparrow_server.sglang_plugin import selection_debug as D
+    from sparrow_server.sglang_plugin.scheduler import selection_debug as D
     from test_selection_debug import _selected
 
     plan, ids, r2t, rows, lengths, want = _selected(3, lengths=[130, 192, 300, 448, 77])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from sparrow_server.kernels import reference as R
-from sparrow_server.sglang_plugin import selection_debug as D
-from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, logical_page_lists, plan_step
+from sparrow_server.sglang_plugin.scheduler import selection_debug as D
+from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, logical_page_lists, plan_step
 from test_plugin_planning import PS, _fixed, _pool
 
 

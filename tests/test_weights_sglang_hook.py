@@ -1,7 +1,7 @@
-"""The SGLang flush hook (``sglang_plugin.weight_sync``) on stand-in scheduler objects: after a
+"""The SGLang flush hook (``sglang_plugin.scheduler.landmarks``) on stand-in scheduler objects: after a
 successful ``Scheduler.flush_cache`` every sparrow backend's landmark side cache is zero (the
 state of a freshly started server), whatever wrapper holds the backend; a refused flush changes
-nothing. No SGLang needed."""
+nothing; and the checkpoint preflight hook (``sglang_plugin.frontend.weight_preflight``). No SGLang needed."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import torch
 
 from helpers.tiny_models import save_tiny_model
-from sparrow_server.sglang_plugin import weight_sync
+from sparrow_server.sglang_plugin.frontend import weight_preflight
+from sparrow_server.sglang_plugin.scheduler import landmarks
 
 
 def sparrow_backend(layers=(1, 2)):
@@ -30,14 +31,14 @@ def stand_in_scheduler():
 
 def test_backends_are_found_through_wrappers_once_each():
     scheduler, (main, other_stream, _) = stand_in_scheduler()
-    found = weight_sync.sparrow_backends(scheduler.tp_worker.model_runner)
+    found = landmarks.sparrow_backends(scheduler.tp_worker.model_runner)
     assert [id(b) for b in found] == [id(main), id(other_stream)]
 
 
 def test_successful_flush_zeroes_every_landmark_in_place():
     scheduler, backends = stand_in_scheduler()
     storage = [t.data_ptr() for b in backends for t in b.landmarks.values()]
-    assert weight_sync.after_flush_cache(True, scheduler, empty_cache=True) is None  # keeps flush_cache's result
+    assert landmarks.after_flush_cache(True, scheduler, empty_cache=True) is None  # keeps flush_cache's result
     for backend in backends:
         assert all(float(t.abs().sum()) == 0 for t in backend.landmarks.values()) and backend.step is None
     assert [t.data_ptr() for b in backends for t in b.landmarks.values()] == storage  # CUDA graphs keep their pointers
@@ -46,21 +47,23 @@ def test_successful_flush_zeroes_every_landmark_in_place():
 def test_refused_flush_changes_nothing():
     scheduler, backends = stand_in_scheduler()
     before = [t.clone() for b in backends for t in b.landmarks.values()]
-    weight_sync.after_flush_cache(False, scheduler)
+    landmarks.after_flush_cache(False, scheduler)
     assert all(torch.equal(a, b) for a, b in zip(before, [t for b in backends for t in b.landmarks.values()]))
 
 
 def test_install_registers_the_flush_and_preflight_hooks():
     calls = []
     registry = SimpleNamespace(register=lambda target, hook, kind: calls.append((target, hook, kind)))
-    weight_sync.install(registry, SimpleNamespace(AFTER="after", AROUND="around"))
+    landmarks.install(registry, SimpleNamespace(AFTER="after", AROUND="around"))
     assert calls == [
-        ("sglang.srt.managers.scheduler.Scheduler.flush_cache", weight_sync.after_flush_cache, "after"),
-        ("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
-         weight_sync.around_update_weights_from_disk, "around"),
+        ("sglang.srt.managers.scheduler.Scheduler.flush_cache", landmarks.after_flush_cache, "after"),
         ("sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
-         ".resume_memory_occupation", weight_sync.after_resume_memory_occupation, "after"),
+         ".resume_memory_occupation", landmarks.after_resume_memory_occupation, "after"),
     ]
+    calls.clear()
+    weight_preflight.install(registry, SimpleNamespace(AFTER="after", AROUND="around"))
+    assert calls == [("sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk",
+                      weight_preflight.around_update_weights_from_disk, "around")]
 
 
 def test_flush_while_kv_memory_is_released_leaves_the_unmapped_landmarks_alone():
@@ -69,20 +72,20 @@ def test_flush_while_kv_memory_is_released_leaves_the_unmapped_landmarks_alone()
     scheduler, backends = stand_in_scheduler()
     scheduler.weight_updater = SimpleNamespace(offload_tags={"kv_cache"})
     before = [t.clone() for b in backends for t in b.landmarks.values()]
-    weight_sync.after_flush_cache(True, scheduler)
+    landmarks.after_flush_cache(True, scheduler)
     assert all(torch.equal(a, b) for a, b in zip(before, [t for b in backends for t in b.landmarks.values()]))
 
 
 def test_resume_of_kv_memory_zeroes_the_landmarks():
     scheduler, backends = stand_in_scheduler()
     updater = SimpleNamespace(tp_worker=scheduler.tp_worker, draft_worker=scheduler.draft_worker)
-    weight_sync.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=["weights"]))
+    landmarks.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=["weights"]))
     assert all(float(t.abs().sum()) > 0 for b in backends for t in b.landmarks.values())  # weights only: untouched
     for tags in (["kv_cache"], None, []):
         for b in backends:
             for t in b.landmarks.values():
                 t.normal_()
-        weight_sync.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=tags))
+        landmarks.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=tags))
         assert all(float(t.abs().sum()) == 0 for b in backends for t in b.landmarks.values()), tags
 
 
@@ -96,11 +99,11 @@ def test_landmarks_are_allocated_in_the_kv_cache_region_only_with_the_memory_sav
             entered.append(tag)
             return contextlib.nullcontext()
 
-    with weight_sync.kv_cache_region(SimpleNamespace(memory_saver_adapter=Saver())):
+    with landmarks.kv_cache_region(SimpleNamespace(memory_saver_adapter=Saver())):
         pass
-    with weight_sync.kv_cache_region(SimpleNamespace(memory_saver_adapter=SimpleNamespace(enabled=False))):
+    with landmarks.kv_cache_region(SimpleNamespace(memory_saver_adapter=SimpleNamespace(enabled=False))):
         pass
-    with weight_sync.kv_cache_region(SimpleNamespace()):
+    with landmarks.kv_cache_region(SimpleNamespace()):
         pass
     assert entered == ["kv_cache"]
 
@@ -116,7 +119,7 @@ def test_preflight_hook_refuses_another_architecture_before_sglang_loads(tmp_pat
 
     def call(serving_path, new_path):
         manager, obj = SimpleNamespace(model_path=str(serving_path)), SimpleNamespace(model_path=str(new_path))
-        return asyncio.run(weight_sync.around_update_weights_from_disk(original, manager, obj, None))
+        return asyncio.run(weight_preflight.around_update_weights_from_disk(original, manager, obj, None))
 
     assert call(serving, same) == (True, "Succeeded to update model weights.", 0)
     ok, message, paused = call(serving, wider)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any, AsyncIterator, Callable
 
-from sparrow_server.sglang_plugin.engine import ModelFacts
+from sparrow_server.sglang_plugin.frontend.engine import ModelFacts
 
 
 class SGLangCallError(RuntimeError):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 
-from sparrow_server.sglang_plugin import state
-from sparrow_server.sglang_plugin.side_table import assign_request
+from sparrow_server.sglang_plugin.scheduler import state
+from sparrow_server.sglang_plugin.scheduler.side_table import assign_request
 
 logger = logging.getLogger(__name__)
 

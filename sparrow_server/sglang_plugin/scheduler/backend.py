@@ -30,14 +30,14 @@ from flashinfer import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend, KVWriteLoc
 
 from sparrow_server.kernels import sparse_decode as K
-from sparrow_server.sglang_plugin import state
+from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
-from sparrow_server.sglang_plugin.hooks import ROWS_ATTR
-from sparrow_server.sglang_plugin.planning import (
+from sparrow_server.sglang_plugin.scheduler.hooks import ROWS_ATTR
+from sparrow_server.sglang_plugin.scheduler.planning import (
     REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step, rank_kv_heads,
 )
-from sparrow_server.sglang_plugin.selection_debug import recorder_from_env
-from sparrow_server.sglang_plugin.weight_sync import kv_cache_region
+from sparrow_server.sglang_plugin.scheduler.selection_debug import recorder_from_env
+from sparrow_server.sglang_plugin.scheduler.landmarks import kv_cache_region
 
 logger = logging.getLogger(__name__)
 

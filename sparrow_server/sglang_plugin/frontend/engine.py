@@ -1,7 +1,7 @@
 """``SGLangEngine``: the service's ``Engine`` over SGLang's tokenizer manager, inside SGLang's own
-HTTP server (``sparrow-server serve --engine sglang``; see ``sglang_plugin.host``).
+HTTP server (``sparrow-server serve --engine sglang``; see ``sglang_plugin.frontend.host``).
 
-The engine talks to SGLang through a small ``runtime`` (``sglang_plugin.runtime``): stream a
+The engine talks to SGLang through a small ``runtime`` (``sglang_plugin.frontend.runtime``): stream a
 ``GenerateReqInput``, abort, load/unload a LoRA adapter, prefill-score densely. Each request's
 schedule travels as JSON text in ``sampling_params.custom_params.sparrow_schedule_json`` (so
 schedules registered at run time reach the scheduler), and the plug-in's side table applies it.
@@ -24,7 +24,6 @@ from sparrow_server.engine.base import (
 )
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
 from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
-from sparrow_server.sglang_plugin.state import server_dense_layers
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens
 
@@ -151,7 +150,7 @@ class SGLangEngine(Engine):
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
         self.topk_cap_pages = cfg.topk_cap_pages
-        self.dense_layers = server_dense_layers(cfg)
+        self.dense_layers = cfg.server_dense_layers()
 
     @property
     def facts(self) -> ModelFacts:
@@ -180,7 +179,7 @@ class SGLangEngine(Engine):
         self.resolve_adapter(request.adapter)
 
     def check_schedule(self, schedule: Schedule) -> None:
-        """The backend keeps one set of dense layers for every request (``state.server_dense_layers``):
+        """The backend keeps one set of dense layers for every request (``PluginConfig.server_dense_layers``):
         a schedule that needs another layer dense would silently run it sparse, so it is refused.
         A schedule with fewer dense layers runs with the server's (denser than asked: never less accurate)."""
         super().check_schedule(schedule)
@@ -264,14 +263,14 @@ class SGLangEngine(Engine):
 
     def dense_scoring(self) -> DenseScoring:
         """Dense verification by a dense, adapter-free prefill on this server."""
-        from sparrow_server.sglang_plugin.verification import SGLangDenseScorer
+        from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer
 
         return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK)
 
 
 def build_sglang_engine(options):
     raise ValueError("--engine sglang runs inside SGLang's HTTP server: use `sparrow-server serve --engine sglang "
-                     "--model PATH [SGLang args]` (sparrow_server.sglang_plugin.host), not build_engine")
+                     "--model PATH [SGLang args]` (sparrow_server.sglang_plugin.frontend.host), not build_engine")
 
 
 __all__ = ["SGLangEngine", "SGLangRuntime", "ModelFacts", "StreamState", "BudgetPlan", "sampling_dict",

@@ -108,8 +108,8 @@ def run_sglang_server(argv: list[str], build_sparrow_app: Callable[[Any], Any], 
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
-    from sparrow_server.sglang_plugin.engine import SGLangEngine
-    from sparrow_server.sglang_plugin.runtime import TokenizerManagerRuntime
+    from sparrow_server.sglang_plugin.frontend.engine import SGLangEngine
+    from sparrow_server.sglang_plugin.frontend.runtime import TokenizerManagerRuntime
 
     load_plugins()  # registers the sparrow backend here, before ServerArgs validates its choice
     # Parsed in-process: the key never appears on a command line (ServerArgs is read-only once resolved).

@@ -1,4 +1,4 @@
-"""Keep SGLang's weight-update endpoints consistent with the sparrow backend.
+"""Keep the backend's landmark side cache consistent with SGLang's KV cache across weight updates.
 
 SGLang flushes its caches through one method, ``Scheduler.flush_cache`` (``/flush_cache``, and
 after ``/update_weights_from_disk``, ``/update_weights_from_tensor``,
@@ -8,11 +8,6 @@ landmark side cache. An AFTER hook on that method zeroes the landmarks of every 
 of the scheduler's model runner, so after a flush the side cache is what a freshly started server
 has (all zeros) and no landmark computed with old weights can be scored again, whatever path
 (HiCache load-back, PD transfer) later fills a page without passing through the backend.
-
-A second hook, AROUND ``TokenizerManager.update_weights_from_disk`` (main process), runs the
-checkpoint preflight (config.json + safetensors headers) against the serving checkpoint first:
-SGLang 0.5.17 loads into the live parameters and cannot roll back from a checkpoint of another
-shape, so such a request is answered ``success: false`` (HTTP 400) before SGLang touches a weight.
 
 With SGLang's memory saver (``--enable-memory-saver``) the backend allocates the landmarks inside
 the saver's ``kv_cache`` region (``backend.py``), so ``/release_memory_occupation`` (tag
@@ -24,17 +19,15 @@ the region on release: the flush hook then leaves the unmapped landmarks alone, 
 The flush hook has to be registered before ``Scheduler.__init__`` (SGLang binds ``self.flush_cache``
 into ``SchedulerWeightUpdaterManager`` and ``SchedulerFlushWrapper`` there); hooks registered by
 the plug-in's ``register()`` are applied by ``load_plugins()`` at the start of
-``run_scheduler_process``, which is early enough. No SGLang import here (tested on CPU with stand-ins).
+``run_scheduler_process``, which is early enough. The HTTP-process side of a weight update (the
+checkpoint preflight) is ``frontend.weight_preflight``. No SGLang import here (tested on CPU with
+stand-ins).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-from pathlib import Path
 from typing import Any, Iterator
-
-from sparrow_server.engine.checkpoint_preflight import preflight
-from sparrow_server.engine.weights import WeightLoadError
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +35,6 @@ FLUSH_TARGET = "sglang.srt.managers.scheduler.Scheduler.flush_cache"
 RESUME_TARGET = ("sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
                  ".resume_memory_occupation")
 KV_CACHE_TAG = "kv_cache"  # SGLang's GPU_MEMORY_TYPE_KV_CACHE
-PREFLIGHT_TARGET = "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_weights_from_disk"
 # Attributes of a model runner, and of wrapper backends (hybrid, TBO), that hold attention backends.
 RUNNER_BACKEND_ATTRS = ("attn_backend", "decode_attn_backend", "decode_attn_backend_group")
 NESTED_BACKEND_ATTRS = ("prefill_backend", "decode_backend", "full_attn_backend", "primary", "children")
@@ -121,29 +113,11 @@ def after_resume_memory_occupation(result: Any, updater: Any, recv_req: Any, *ar
     return None
 
 
-async def around_update_weights_from_disk(original: Any, manager: Any, obj: Any, *args: Any, **kwargs: Any):
-    """AROUND hook of ``TokenizerManager.update_weights_from_disk``: refuse a checkpoint that does
-    not fit the served one in place with SGLang's failure tuple ``(False, message, 0)``. Skipped
-    (with a warning) when the serving model is not a local directory (a hub id)."""
-    serving = getattr(manager, "model_path", None)
-    if serving and Path(serving).is_dir():
-        try:
-            preflight(serving, obj.model_path)
-        except WeightLoadError as exc:
-            logger.warning("sparrow: refused weight update: %s", exc)
-            return False, str(exc), 0
-    else:
-        logger.warning("sparrow: serving model %r is not a local directory; weight update not preflighted", serving)
-    return await original(manager, obj, *args, **kwargs)
-
-
 def install(hook_registry: Any, hook_type: Any) -> None:
-    """Register the flush, preflight and memory-resume hooks (call from the plug-in's ``register()``, next to
-    ``hooks.install``)."""
+    """Register the flush and memory-resume hooks (``scheduler.install``, next to ``hooks.install``)."""
     hook_registry.register(FLUSH_TARGET, after_flush_cache, hook_type.AFTER)
-    hook_registry.register(PREFLIGHT_TARGET, around_update_weights_from_disk, hook_type.AROUND)
     hook_registry.register(RESUME_TARGET, after_resume_memory_occupation, hook_type.AFTER)
 
 
-__all__ = ["install", "after_flush_cache", "around_update_weights_from_disk", "after_resume_memory_occupation",
-           "invalidate_landmarks", "sparrow_backends", "kv_cache_region", "FLUSH_TARGET", "PREFLIGHT_TARGET", "RESUME_TARGET"]
+__all__ = ["install", "after_flush_cache", "after_resume_memory_occupation", "invalidate_landmarks", "sparrow_backends",
+           "kv_cache_region", "FLUSH_TARGET", "RESUME_TARGET"]

@@ -1,10 +1,10 @@
-"""Process-wide state shared by the hooks and the attention backend (one scheduler process each)."""
+"""Process-wide state shared by the hooks and the attention backend (one per scheduler process)."""
 from __future__ import annotations
 
 import logging
 
 from sparrow_server.sglang_plugin.config import PluginConfig
-from sparrow_server.sglang_plugin.side_table import ScheduleTable
+from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 logger = logging.getLogger(__name__)
@@ -26,14 +26,6 @@ def registry() -> ScheduleRegistry:
     if _registry is None:
         _registry = ScheduleRegistry.load(persist_dir=config().schedule_dir)
     return _registry
-
-
-def server_dense_layers(cfg: PluginConfig | None = None) -> tuple[int, ...]:
-    """Layers the backend runs dense for every request: the default schedule's, fixed when the
-    scheduler starts (the backend allocates landmarks for the others). The HTTP process computes
-    the same set from the same settings to refuse schedules that need more."""
-    cfg = cfg or config()
-    return ScheduleRegistry.load(persist_dir=cfg.schedule_dir).get(cfg.default_schedule).dense_layers
 
 
 def table(num_rows: int) -> ScheduleTable:
