@@ -1,16 +1,20 @@
 """The ``sparrow`` attention backend: FlashInfer prefill, block-sparse FlashInfer decode.
 
 A thin adapter over SGLang's ``FlashInferAttnBackend``:
-- extend (prefill) and the schedule's dense layers run the stock FlashInfer paths unchanged;
+- extend (prefill) and the server's dense layers (the default schedule's, fixed at start) run the
+  stock FlashInfer paths unchanged;
 - per decode step, ``planning.plan_step`` turns each request's schedule and length into page
   counts on the host (no device sync) and one FlashInfer plan with one row per
   (request, KV head), G query heads, page size 16, over a per-head strided view of the pool;
-- per sparse layer, inside the CUDA graph, two Triton launches whose work follows each request's
-  page count (not ``--context-length``): landmark scoring (with the landmark of the page this
-  step completes folded in), then exact top-k + index writing into the wrapper's index buffer;
-  then FlashInfer decode over the selected pages.
+- per sparse layer, inside the CUDA graph, two Triton launches (``kernels.sparse_decode``) whose
+  work follows each request's page count (not ``--context-length``): ``page_scores`` (landmark
+  scoring, the landmark of the page this step completes folded in), then ``select_and_write``
+  (exact radix-select top-k, the row's scores held in registers when they fit, else streamed,
+  fused with writing the FlashInfer page ids into the wrapper's index buffer); then FlashInfer
+  decode over the selected pages.
 Landmarks (mean post-RoPE key per page and KV head) live in a side cache per sparse layer,
-sized at backend creation from the KV pool.
+sized at backend creation from the KV pool, inside the memory saver's ``kv_cache`` region
+(``landmarks.kv_cache_region``).
 
 Tensor parallelism: each TP rank's scheduler process builds its own backend over its own KV pool,
 whose heads are the rank's (``get_num_kv_heads(attn_tp_size)``); every count here (rows,
