@@ -58,7 +58,7 @@ class Hardware:
 # copy counting bytes read + written. Vendor SXM datasheet figures, for comparison only (SPEC):
 # H100 989 TFLOP/s dense bf16, 3.35 TB/s; H200 989 TFLOP/s, 4.8 TB/s. The per-step costs are least-squares
 # fits of step = step_overhead_s + bytes / mem_bytes_per_s (+ sparse_layer_request_s x batch x sparse layers
-# for the sparse server) to the measured server decode steps (tests/test_cost_model.py checks the fit reproduces them).
+# for the sparse server) to the measured server decode steps (tests/core/test_cost_model.py checks the fit reproduces them).
 HARDWARE_PRESETS: dict[str, Hardware] = {
     "h100": Hardware(
         "h100", peak_flops=798e12, mem_bytes_per_s=3.0e12, step_overhead_s=1.23e-3, sparse_layer_request_s=2.68e-6,

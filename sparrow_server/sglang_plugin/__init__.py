@@ -11,7 +11,7 @@ SGLang runs in several processes, and the package is split the same way:
   the weight-update preflight.
 - here: what both need, ``register`` (the entry point) and ``config`` (the settings both read).
 
-The two halves never import each other (``tests/test_layering.py``).
+The two halves never import each other (``tests/core/test_layering.py``).
 
 ``register`` is the ``sglang.srt.plugins`` entry point; SGLang calls it in every process
 (schedulers are spawned). It imports nothing heavy until SGLang builds the backend.

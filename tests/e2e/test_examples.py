@@ -144,7 +144,7 @@ def test_batched_dense_logprobs_match_per_sequence_forward():
 def test_through_the_real_router(server, model_dir, tmp_path):
     """``--via-router``: /generate through sglang-router. The router drops ``custom_params`` but keeps
     ``extra_key``, which the client also fills, so the asked schedule serves (the server default is dense)."""
-    import fleet_util
+    from helpers import fleet_util
 
     if not fleet_util.router_available():
         pytest.skip("sglang-router is not installed")

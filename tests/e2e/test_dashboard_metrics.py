@@ -7,7 +7,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from deploy_metrics import HISTOGRAM_SUFFIXES, contract_metrics, metric_names_used_by_deploy
+from helpers.deploy_metrics import HISTOGRAM_SUFFIXES, contract_metrics, metric_names_used_by_deploy
 from helpers.server_util import ServerProcess
 from helpers.tiny_models import TINY_VOCAB, save_tiny_model
 

@@ -168,7 +168,7 @@ class Fleet:
 
 @contextlib.contextmanager
 def _fleet(tmp_path: Path) -> Iterator[Fleet]:
-    from fleet_util import free_port
+    from helpers.fleet_util import free_port
     from helpers.tiny_models import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
@@ -280,7 +280,7 @@ def _check_live_rid_refused(router, fleet: Fleet) -> None:
 
 @pytest.mark.slow
 def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
-    from fleet_util import RouterSettings, router_available, running_router
+    from helpers.fleet_util import RouterSettings, router_available, running_router
 
     if not router_available():
         pytest.skip("sglang-router is not installed (pip install sglang-router)")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_metrics import (
+from helpers.deploy_metrics import (
     DEPLOY_DIR,
     PROMETHEUS_BUILTINS,
     REPO_ROOT,
@@ -512,7 +512,7 @@ def test_dashboard_queries_return_data_from_contract_metrics(tmp_path: Path):
     import httpx
     from prometheus_client import start_http_server
 
-    from fleet_util import LOOPBACK, free_port, wait_until
+    from helpers.fleet_util import LOOPBACK, free_port, wait_until
 
     registry, metrics = _contract_exporter()
     exporter_port, prom_port = free_port(), free_port()

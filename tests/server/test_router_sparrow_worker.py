@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from fleet_util import RouterSettings, router_available, running_router
+from helpers.fleet_util import RouterSettings, router_available, running_router
 from helpers.live_server import live_server
 from helpers.tiny_models import load_plain, save_tiny_model
 from sparrow_server.engine.reference import ReferenceEngine

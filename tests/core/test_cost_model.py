@@ -207,7 +207,7 @@ def test_step_overhead_adds_a_fixed_time_per_step():
 def test_fitted_presets_predict_the_measured_decode_speedups(preset, results):
     """The presets' fitted per-step costs reproduce every committed SGLang decode speedup of that GPU
     within 10% (the pure roofline does not), from the run's own JSON."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / results / "sglang_throughput.json"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / results / "sglang_throughput.json"
     runs = [r for r in json.loads(path.read_text())["runs"] if r["workload"] == "decode_ctx" and r["speedup"]]
     assert len(runs) >= 3
     hw = HARDWARE_PRESETS[preset]

@@ -18,7 +18,7 @@ SCHEDULE = {"name": "tight", "budgets_tokens": [64], "page_size": 16, "dense_lay
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)  # see tests/test_distill.py
+    torch.set_num_threads(1)  # see tests/engine/test_distill.py
     root = tmp_path_factory.mktemp("distill_cli")
     save_tiny_model(root / "model")
     (root / "tight.json").write_text(json.dumps(SCHEDULE))

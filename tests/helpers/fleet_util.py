@@ -2,8 +2,8 @@
 and a stand-in worker that answers what the router probes.
 
 Everything binds to 127.0.0.1 on free ports; every wait is bounded. Used by
-``tests/test_fleet_router.py`` and meant for the CPU fleet test (reference-engine servers instead
-of stand-ins). Run a stand-in by hand with ``python tests/fleet_util.py standin --port 8001``.
+``tests/e2e/test_fleet_router.py`` and meant for the CPU fleet test (reference-engine servers instead
+of stand-ins). Run a stand-in by hand with ``python tests/helpers/fleet_util.py standin --port 8001``.
 
 Router behaviour this relies on (observed with sglang-router 0.3.2, see docs/fleet.md): workers are
 listed by ``GET /workers`` with ``url`` and ``is_healthy``; ``POST /workers {"url": ...}`` adds one
@@ -218,7 +218,7 @@ def running_router(worker_urls: list[str], log_dir: Path | None = None,
 # Real sparrow servers (reference engine) as workers.
 # ---------------------------------------------------------------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def spawn_sparrow_server(log_dir: Path, port: int | None = None, extra_args: tuple[str, ...] = ()) -> ManagedProcess:

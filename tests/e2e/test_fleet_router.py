@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from fleet_util import (
+from helpers.fleet_util import (
     ManagedProcess,
     Router,
     RouterSettings,

@@ -181,7 +181,7 @@ def test_throughput_benchmark_passes_tp_size_only_when_asked():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import sglang_throughput as T
 
     args = argparse.Namespace(context_length=40960, max_running_requests=64, cuda_graph_max_bs=64, server_args=[],

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_DIR = REPO_ROOT / "deploy"
 CONTRACT_PATH = REPO_ROOT / "docs" / "metrics.md"
 DASHBOARD_PATHS = tuple(sorted((DEPLOY_DIR / "grafana" / "dashboards").glob("*.json")))

@@ -1,6 +1,6 @@
 """The fleet's default schedule, changed at run time for trainers that cannot name one per request
 (slime main: its ``/generate`` payload has neither ``custom_params.sparrow_schedule`` nor
-``extra_key``; see tests/test_trainer_compat.py for the payload's source). Fanned out by the client,
+``extra_key``; see tests/server/test_trainer_compat.py for the payload's source). Fanned out by the client,
 visible in each response's ``meta_info``, persisted across a restart, refused for unknown names."""
 from __future__ import annotations
 
