@@ -41,7 +41,7 @@ from sparrow_server.engine.reference.scheduler import Scheduler
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
 from sparrow_server.sparsity.schedule import (
-    DEFAULT_PAGE_SIZE, Schedule, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
+    DEFAULT_PAGE_SIZE, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
 )
 from sparrow_server.sparsity.wire import check_page_size
 

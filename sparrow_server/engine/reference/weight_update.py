@@ -177,7 +177,7 @@ class ReferenceWeightSync:
                         "the old weights: continue_generation first, pause with mode abort or retract, "
                         "or set abort_all_requests")
                 aborted = self.scheduler.abort_all() if update.abort_all_requests else ()
-                while swap is None:  # an admission racing the gate can add one last request
+                while swap is None:  # re-checked between steps (the gate closed before the drain: one pass)
                     await self._until(lambda: not self.scheduler.any_running() and not self.scheduler.any_live(aborted))
                     drained = time.monotonic()
                     swap = await self._in_thread(self._swap_if_idle, candidate, update)
