@@ -56,7 +56,8 @@ def brute_acceptance(sparse_logits: torch.Tensor, dense_logits: torch.Tensor, te
 
 def test_exact_acceptance_of_an_engine_rollout(rollout, model_dir):
     engine, out = rollout
-    scorer = HFScorer(lambda: engine.runner.model, lock=engine._step_lock)
+    local = engine.local_model()
+    scorer = HFScorer(local.current, lock=local.step_lock)
     sparse = scorer.sparse_logits(PROMPT, out.tokens, SPARSE)
     # The teacher-forced sparse policy is the one that sampled: same logprob of every sampled token.
     logp = torch.log_softmax(sparse.double() / TEMPERATURE, -1)
@@ -84,7 +85,8 @@ def test_exact_acceptance_of_an_engine_rollout(rollout, model_dir):
 
 def test_topk_bound_never_exceeds_exact(rollout):
     engine, out = rollout
-    scorer = HFScorer(lambda: engine.runner.model, lock=engine._step_lock)
+    local = engine.local_model()
+    scorer = HFScorer(local.current, lock=local.step_lock)
     verifier = DenseVerifier(scorer)
     exact = verifier.score(VerificationJob("e", SPARSE, PROMPT, tuple(out.tokens), TEMPERATURE)).scores
     bound = verifier.score(VerificationJob("b", SPARSE, PROMPT, tuple(out.tokens), TEMPERATURE,

@@ -176,8 +176,7 @@ def test_hot_swap_while_streaming(roots):
     real_unload = engine.unload_adapter
 
     def unload(name):
-        with engine._cond:
-            live_at_unload.append((name, [s.rid for s in engine._live.values() if s.adapter == name]))
+        live_at_unload.append((name, [s.rid for s in engine.scheduler.live() if s.adapter == name]))
         return real_unload(name)
 
     engine.unload_adapter = unload
