@@ -24,7 +24,7 @@ ALLOWED = {
     ("server/openapi.py", "from fastapi.openapi.utils import _get_api_route_for_openapi"),
     # SGLang's paged allocator keeps its table size private (pool.size + 1 on versions without it);
     # the plug-in's hooks live inside SGLang's scheduler by design.
-    ("sglang_plugin/hooks.py", "getattr(pool, '_alloc_size', pool.size + 1)"),
+    ("sglang_plugin/scheduler/hooks.py", "getattr(pool, '_alloc_size', pool.size + 1)"),
 }
 REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 
