@@ -42,6 +42,21 @@ def topk_mask(logprobs, k: int):
     return mask.scatter_(1, logprobs.topk(k, dim=1).indices, True)
 
 
+def upper_from_masks(ps, pd, in_s, in_d):
+    """``topk_acceptance_upper_bound`` of the top-k lists ``in_s``/``in_d`` ([T, V] masks) of the full
+    distributions ``ps``/``pd`` ([T, V]): the same formula over masks, for k too large for [T, k, k] tensors."""
+    import torch
+
+    b = in_s & in_d
+    lower = torch.where(b, torch.minimum(ps, pd), 0.0).sum(1)
+    ps_min = torch.where(in_s, ps, 1.0).amin(1, keepdim=True)
+    pd_min = torch.where(in_d, pd, 1.0).amin(1, keepdim=True)
+    outside_b = torch.minimum(1 - (ps * b).sum(1), 1 - (pd * b).sum(1))
+    one_list = (torch.minimum(ps, pd_min) * (in_s & ~in_d)).sum(1) + (torch.minimum(pd, ps_min) * (in_d & ~in_s)).sum(1)
+    neither = torch.minimum(1 - (ps * in_s).sum(1), 1 - (pd * in_d).sum(1))
+    return (lower + torch.minimum(outside_b, one_list + neither).clamp(min=0.0)).clamp(0.0, 1.0)
+
+
 def paired_row_stats(sparse_logits, dense_logits) -> dict[str, np.ndarray]:
     """Per token: exact acceptance, the top-k lower bound for each k in ``KS`` (from masks over the full
     distributions), the monitor's top-20 lower and upper bounds from the stats functions, the dense top-20 mass."""
@@ -54,8 +69,11 @@ def paired_row_stats(sparse_logits, dense_logits) -> dict[str, np.ndarray]:
     ls, ld = torch.log_softmax(sparse_logits.double(), -1), torch.log_softmax(dense_logits.double(), -1)
     both = torch.minimum(ls, ld).exp()
     out = {"exact": exact_acceptance(sparse_logits.double(), dense_logits.double()).numpy()}
+    ps, pd = ls.exp(), ld.exp()
     for k in KS:
-        out[f"lower_{k}"] = torch.where(topk_mask(ls, k) & topk_mask(ld, k), both, 0.0).sum(1).numpy()
+        in_s, in_d = topk_mask(ls, k), topk_mask(ld, k)
+        out[f"lower_{k}"] = torch.where(in_s & in_d, both, 0.0).sum(1).numpy()
+        out[f"upper_{k}"] = upper_from_masks(ps, pd, in_s, in_d).numpy()
     s_ids, s_lp = logits_to_topk(sparse_logits.double(), MONITOR_K)
     d_ids, d_lp = logits_to_topk(dense_logits.double(), MONITOR_K)
     out["monitor_lower"] = topk_acceptance_lower_bound(s_ids, s_lp, d_ids, d_lp).numpy()
@@ -222,9 +240,36 @@ def map_robustness(rows: list[dict]) -> dict:
         errors["offset"] += list(np.abs(x[test] + offset - y[test]))
         slope, icept = np.polyfit(x[train], y[train], 1)
         errors["linear"] += list(np.abs(slope * x[test] + icept - y[test]))
-    return {"cells": len(cells), "spearman": spearman,
+    overshoots: list[float] = []  # per-bin offset's prediction minus the exact p5 (> 0: reads safer than it is)
+    for held in np.unique(budgets):  # per bin: the offset fitted on the bin's other budgets
+        for b in {r["bin"] for r in cells}:
+            test = [r for r in cells if r["bin"] == b and r["budget"] == held]
+            train = [r for r in cells if r["bin"] == b and r["budget"] != held]
+            if test and train:
+                offset = np.mean([r["exact_p5"] - r["bound_p5"] for r in train])
+                over = test[0]["bound_p5"] + offset - test[0]["exact_p5"]
+                errors.setdefault("per_bin_offset", []).append(abs(over))
+                overshoots.append(over)
+    return {"cells": len(cells), "spearman": spearman, "per_bin_offset_predictions": len(overshoots),
+            "per_bin_offset_over_by_0.02": int(np.sum(np.array(overshoots) > 0.02)),
             "bound_p5_range": [float(x.min()), float(x.max())], "exact_p5_range": [float(y.min()), float(y.max())],
             **{f"lobo_{k}_abs_error": {"median": float(np.median(v)), "max": float(np.max(v))} for k, v in errors.items()}}
+
+
+def pair_resolution(rows: list[dict]) -> dict:
+    """Within each bin, over pairs of budgets whose exact p5 intervals are disjoint (the exact evidence tells
+    them apart): how many the bound's p5 intervals tell apart in the same order, and how many in reverse."""
+    out = {"pairs_exact_resolves": 0, "bound_same_order": 0, "bound_reversed": 0}
+    for b in {r["bin"] for r in rows}:
+        cells = sorted((r for r in rows if r["bin"] == b), key=lambda r: r["budget"])
+        for i, lo in enumerate(cells):
+            for hi in cells[i + 1:]:
+                if lo["exact_p5_interval"][1] >= hi["exact_p5_interval"][0]:
+                    continue
+                out["pairs_exact_resolves"] += 1
+                out["bound_same_order"] += lo["bound_p5_interval"][1] < hi["bound_p5_interval"][0]
+                out["bound_reversed"] += lo["bound_p5_interval"][0] > hi["bound_p5_interval"][1]
+    return out
 
 
 def analyse(sets, bin_tokens: int, target: float, margin: float, confidence: float, extra=()) -> dict:
@@ -232,7 +277,7 @@ def analyse(sets, bin_tokens: int, target: float, margin: float, confidence: flo
     dense_lengths = next(a["length"] for n, a in sets.items() if n == "dense")
     keys = ["verdict_exact", "verdict_bound"] + (["verdict_sandwich"] if "verdict_sandwich" in rows[0] else [])
     result = {"bin_tokens": bin_tokens, "target": target, "margin": margin, "confidence": confidence, "rows": rows,
-              "map": map_robustness(rows), "settled": {}}
+              "map": map_robustness(rows), "pairs": pair_resolution(rows), "settled": {}}
     for key in keys:
         budgets = settled(rows, key)
         result["settled"][key.removeprefix("verdict_")] = {
@@ -263,6 +308,7 @@ def run_report(args: argparse.Namespace) -> None:
         "gpu": analyse(gpu, args.gpu_bin_tokens, args.gpu_target, args.margin, args.confidence),
         "cpu_k_sweep": k_sweep(cpu),
         "cpu_check_lower20_equals_monitor": float(max(np.abs(a["lower_20"] - a["monitor_lower"]).max() for a in cpu.values())),
+        "cpu_check_upper20_equals_monitor": float(max(np.abs(a["upper_20"] - a["monitor_upper"]).max() for a in cpu.values())),
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
@@ -297,7 +343,12 @@ def tables(s: dict) -> str:
                   f"{m['bound_p5_range'][0]:.3f}-{m['bound_p5_range'][1]:.3f}, exact p5 {m['exact_p5_range'][0]:.3f}-"
                   f"{m['exact_p5_range'][1]:.3f}; leave-one-budget-out |error| offset median "
                   f"{m['lobo_offset_abs_error']['median']:.3f} max {m['lobo_offset_abs_error']['max']:.3f}, linear median "
-                  f"{m['lobo_linear_abs_error']['median']:.3f} max {m['lobo_linear_abs_error']['max']:.3f}", "",
+                  f"{m['lobo_linear_abs_error']['median']:.3f} max {m['lobo_linear_abs_error']['max']:.3f}, per-bin offset median {m['lobo_per_bin_offset_abs_error']['median']:.3f} "
+                  f"max {m['lobo_per_bin_offset_abs_error']['max']:.3f} ({m['per_bin_offset_over_by_0.02']} of "
+                  f"{m['per_bin_offset_predictions']} predictions above the exact p5 by more than 0.02)", "",
+                  f"Budget pairs of one bin that the exact p5 intervals tell apart: {r['pairs']['pairs_exact_resolves']}; "
+                  f"the bound's intervals in the same order: {r['pairs']['bound_same_order']}, reversed: "
+                  f"{r['pairs']['bound_reversed']}", "",
                   "| evidence | settled budget per bin (smallest not raised; ceiling: none on the grid) | attended / token |",
                   "|---|---|---|"]
         for key, v in r["settled"].items():
