@@ -27,6 +27,10 @@ memory of held/failed budgets, and retires the previous one: samples of a retire
 adapter version (late results of rollouts admitted before the change) are ignored, so they never
 drive the new policy's budgets. The controller follows the newest policy it has seen; ``adapter``
 None (no adapter) is the starting one.
+
+The evidence has a kind (``config.acceptance``): exact acceptance, or the top-k lower bound SGLang's
+verifier measures, which reads lower and so settles on larger budgets. The target is stated on one kind;
+evidence of the other is refused and counted (``refused_tokens``), never mixed into a window.
 """
 from __future__ import annotations
 
