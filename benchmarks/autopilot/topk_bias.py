@@ -288,12 +288,11 @@ def analyse(sets, bin_tokens: int, target: float, margin: float, confidence: flo
 
 def k_sweep(sets) -> list[dict]:
     """Pooled over the sparse schedules' sparse-region tokens: p5 and mean gap of the top-k lower bound per k."""
+    region = {n: a["length"] > budget_of(n) for n, a in sets.items() if np.isfinite(budget_of(n))}
+    ex = np.concatenate([sets[n]["exact"][m] for n, m in region.items()])
     out = []
-    sparse = [a for n, a in sets.items() if np.isfinite(budget_of(n))]
-    ex = np.concatenate([a["exact"][a["length"] > budget] for a, budget in
-                         zip(sparse, [budget_of(n) for n in sets if np.isfinite(budget_of(n))])])
     for k in KS:
-        lb = np.concatenate([a[f"lower_{k}"][a["length"] > budget_of(n)] for n, a in sets.items() if np.isfinite(budget_of(n))])
+        lb = np.concatenate([sets[n][f"lower_{k}"][m] for n, m in region.items()])
         out.append({"k": k, "p5_exact": float(np.quantile(ex, 0.05)), "p5_bound": float(np.quantile(lb, 0.05)),
                     "mean_gap": float(np.mean(ex - lb)), "p95_gap": float(np.quantile(ex - lb, 0.95))})
     return out
