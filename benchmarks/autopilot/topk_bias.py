@@ -29,6 +29,7 @@ HERE = Path(__file__).resolve().parent
 PROMPTS = HERE.parent / "fidelity" / "prompts.jsonl"
 KS = (20, 50, 100, 200, 500, 1000, 2000)
 MONITOR_K = 20
+BOUND_TARGETS = (0.25, 0.28, 0.30, 0.32, 0.34, 0.38, 0.42)  # targets on the bound's scale (gpu sweep)
 PAGE = 16
 DENSE_LAYERS = (0, 1)
 
@@ -210,11 +211,26 @@ def sandwich_verdict(lower: np.ndarray, upper: np.ndarray, target: float, margin
 
 
 def settled(rows: list[dict], verdict_key: str) -> dict[int, float]:
-    """Per bin, the smallest budget of the grid the controller does not raise from (inf: none, the ceiling)."""
+    """Per bin, the smallest budget of the grid the controller does not raise from (inf: none, the ceiling),
+    carried up to the bin before it (budgets are non-decreasing with length)."""
     out: dict[int, float] = {}
     for b in sorted({r["bin"] for r in rows}):
         ok = [r["budget"] for r in rows if r["bin"] == b and r[verdict_key] != "raise"]
-        out[b] = min(ok) if ok else np.inf
+        out[b] = max(min(ok) if ok else np.inf, out.get(b - 1, 0.0))
+    return out
+
+
+def bound_target_sweep(sets, bin_tokens: int, targets, margin: float, confidence: float) -> list[dict]:
+    """A target stated on the bound's scale: where the controller settles, the exact p5 it then holds in its
+    worst bin (dense bins count 1), and the attended tokens."""
+    lengths = sets["dense"]["length"]
+    out = []
+    for target in targets:
+        rows = bin_table(sets, bin_tokens, target, margin, confidence)
+        budgets = settled(rows, "verdict_bound")
+        exact = [next((r["exact_p5"] for r in rows if r["bin"] == b and r["budget"] == v), 1.0) for b, v in budgets.items()]
+        out.append({"bound_target": target, "budgets": [None if np.isinf(v) else v for v in budgets.values()],
+                    "worst_bin_exact_p5": float(min(exact)), "attended_per_token": attended(budgets, lengths, bin_tokens)})
     return out
 
 
@@ -306,6 +322,7 @@ def run_report(args: argparse.Namespace) -> None:
                        extra=("monitor_upper", "dense_top20_mass") + tuple(f"lower_{k}" for k in KS)),
         "gpu": analyse(gpu, args.gpu_bin_tokens, args.gpu_target, args.margin, args.confidence),
         "cpu_k_sweep": k_sweep(cpu),
+        "gpu_bound_target_sweep": bound_target_sweep(gpu, args.gpu_bin_tokens, BOUND_TARGETS, args.margin, args.confidence),
         "cpu_check_lower20_equals_monitor": float(max(np.abs(a["lower_20"] - a["monitor_lower"]).max() for a in cpu.values())),
         "cpu_check_upper20_equals_monitor": float(max(np.abs(a["upper_20"] - a["monitor_upper"]).max() for a in cpu.values())),
     }
@@ -354,7 +371,12 @@ def tables(s: dict) -> str:
             lines.append(f"| {key} | {', '.join(f'{b}: {_f(x)}' for b, x in v['budgets'].items())} | "
                          f"{v['attended_per_token']:.1f} |")
         lines.append("")
-    lines += ["## cpu: top-k lower bound against k (sparse-region tokens of the fixed budgets, pooled)", "",
+    lines += ["## gpu: a target stated on the bound's scale", "",
+              "| bound target | settled budgets per bin | worst bin's exact p5 | attended / token |", "|---|---|---|---|"]
+    for x in s["gpu_bound_target_sweep"]:
+        lines.append(f"| {x['bound_target']} | {', '.join(_f(v) for v in x['budgets'])} | {x['worst_bin_exact_p5']:.3f} | "
+                     f"{x['attended_per_token']:.0f} |")
+    lines += ["", "## cpu: top-k lower bound against k (sparse-region tokens of the fixed budgets, pooled)", "",
               "| k | exact p5 | bound p5 | mean gap | p95 gap |", "|---|---|---|---|---|"]
     for x in s["cpu_k_sweep"]:
         lines.append(f"| {x['k']} | {x['p5_exact']:.3f} | {x['p5_bound']:.3f} | {x['mean_gap']:.3f} | {x['p95_gap']:.3f} |")
