@@ -1,0 +1,174 @@
+"""Fit the hardware presets' per-step costs to the committed SGLang measurements, and check the fit.
+
+For each preset (GPU), the measurements of one code state (``FIT_SOURCES``: the benchmark JSONs, each
+naming its device) become points of ``sparrow_server.cost.step_fit``: a decode point is one step at the
+middle of its generated tokens (``batch / tok_s`` seconds, what the server logs); a rollout is its wall
+time, modelled as the waves SGLang admits (``rollout_waves``: as many requests as the KV pool holds at
+full length, up to ``--max-running-requests``), each a prefill plus a lockstep decode of every length.
+The terms fitted per preset are those with the smallest leave-one-out error (``select_terms``). The
+report gives the error of every term set, each point's error in the fit and left out of it
+(leave-one-out), and the error on the rollouts of a fit to the decode points alone.
+
+    PYTHONPATH=. python benchmarks/fit_step_costs.py > benchmarks/results/cost_fit.md
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sparrow_server.cost.hardware import HARDWARE_PRESETS, Hardware  # noqa: E402
+from sparrow_server.cost.model_shape import MODEL_PRESETS  # noqa: E402
+from sparrow_server.cost.roofline import prefill_time_s, step_roofline_and_counts  # noqa: E402
+from sparrow_server.cost.step_fit import (  # noqa: E402
+    STEP_COST_TERMS, FitPoint, fit_step_costs, leave_one_out, predict, select_terms,
+)
+from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
+from sparrow_server.sparsity.schedule import dense_schedule  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# The measurements of one code state per preset (benchmarks/results/<call>/sglang_throughput.json).
+# H100: the fused radix-select kernel (calls 3, 4); H200: the issue-13 kernels (call 14; call 15 ran the
+# same commit, dense half of rollout A).
+FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"), "h200": ("gpu_call14", "gpu_call15")}
+DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
+# The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
+# (benchmarks/results/sglang_README.md and the server logs).
+DEFAULT_MAX_RUNNING = 32
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One measured run of one backend."""
+
+    source: str  # "<call>: <model> <workload> ..."
+    backend: str  # dense | sparse
+    model: str
+    schedule: str
+    kind: str  # decode_ctx | rollout
+    prompt_len: int
+    gen_len: int
+    batch: int  # decode batch, or rollout requests
+    tok_s: float
+    kv_pool_tokens: int
+    max_running: int
+
+
+def rollout_waves(requests: int, tokens_per_request: int, kv_pool_tokens: int, max_running: int) -> list[int]:
+    """Batch sizes SGLang runs a rollout of equal requests in: each wave admits what the pool holds at full
+    length (``kv_pool_tokens // tokens_per_request``), up to ``max_running``; the next starts after it."""
+    per_wave = min(max_running, kv_pool_tokens // tokens_per_request)
+    if per_wave < 1:
+        raise ValueError(f"tokens_per_request = {tokens_per_request}: larger than the KV pool ({kv_pool_tokens})")
+    full, rest = divmod(requests, per_wave)
+    return [per_wave] * full + ([rest] if rest else [])
+
+
+def load_workloads(call: str, results: Path = RESULTS) -> list[Workload]:
+    data = json.loads((results / call / "sglang_throughput.json").read_text())
+    max_running = data.get("max_running_requests", DEFAULT_MAX_RUNNING)
+    out = []
+    for run in data["runs"]:
+        for backend, field in (("dense", "dense_tok_s"), ("sparse", "sparse_tok_s")):
+            if run[field] is None:
+                continue
+            server = data["servers"][f"{run['model']}/{'flashinfer' if backend == 'dense' else 'sparrow'}"]
+            label = (f"{run['context'] // 1024}K x {run['batch']}" if run["workload"] == "decode_ctx"
+                     else f"{run['batch']} x ({run['prompt_len'] // 1024}K + {run['gen_len'] // 1024}K)")
+            out.append(Workload(f"{call}: {run['model']} {run['workload']} {label}", backend, run["model"],
+                                run["schedule"], run["workload"], run["prompt_len"], run["gen_len"], run["batch"],
+                                run[field], server["max_total_num_tokens"], max_running))
+    return out
+
+
+def fit_point(w: Workload, hardware: Hardware) -> FitPoint:
+    model = MODEL_PRESETS[w.model]
+    schedule = dense_schedule() if w.backend == "dense" else ScheduleRegistry().get(w.schedule)
+    name = f"{w.source} {w.backend}"
+    if w.kind == "decode_ctx":
+        roof, counts = step_roofline_and_counts(model, schedule, [w.prompt_len + w.gen_len // 2], w.batch, hardware)
+        return FitPoint(name, w.batch / w.tok_s, float(roof[0]), counts[0])
+    lengths = w.prompt_len + np.arange(1, w.gen_len + 1)
+    roof_total, counts_total = 0.0, np.zeros(len(STEP_COST_TERMS))
+    for batch in rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens, w.max_running):
+        roof, counts = step_roofline_and_counts(model, schedule, lengths, batch, hardware, w.prompt_len)
+        roof_total += float(roof.sum()) + batch * prefill_time_s(model, w.prompt_len, hardware)
+        counts_total += counts.sum(axis=0)
+    return FitPoint(name, w.batch * w.gen_len / w.tok_s, roof_total, counts_total)
+
+
+def preset_points(preset: str, results: Path = RESULTS) -> list[FitPoint]:
+    hardware = HARDWARE_PRESETS[preset].roofline()
+    points = []
+    for call in FIT_SOURCES[preset]:
+        device = json.loads((results / call / "sglang_throughput.json").read_text())["device"]
+        if device != DEVICES[preset]:
+            raise ValueError(f"{call}: device {device!r} is not the {preset} preset's {DEVICES[preset]!r}")
+        points += [fit_point(w, hardware) for w in load_workloads(call, results)]
+    return points
+
+
+def fitted_hardware(preset: str, results: Path = RESULTS) -> tuple[Hardware, tuple[str, ...]]:
+    """The preset's ceilings with the per-step costs fitted to its measurements, and the terms fitted."""
+    points = preset_points(preset, results)
+    terms = select_terms(points)
+    coefficients = fit_step_costs(points, terms)
+    return HARDWARE_PRESETS[preset].roofline().with_overrides(**dict(zip(STEP_COST_TERMS, coefficients))), terms
+
+
+def _short(terms: tuple[str, ...]) -> str:
+    return " + ".join(t.removesuffix("_s") for t in terms)
+
+
+def report(preset: str, results: Path = RESULTS) -> str:
+    points = preset_points(preset, results)
+    fitted, terms = fitted_hardware(preset, results)
+    coefficients = fitted.step_costs
+    loo = leave_one_out(points, terms)
+    decode = [p for p in points if " decode_ctx " in p.name]
+    from_decode = fit_step_costs(decode, terms)
+    preset_hw = HARDWARE_PRESETS[preset]
+    lines = [f"## {preset}: {', '.join(FIT_SOURCES[preset])} ({DEVICES[preset]})", "",
+             "Term sets (leave-one-out error over all points; the smallest is fitted):", "",
+             "| terms | in-fit max | left-out max | left-out RMS |", "|---|---|---|---|"]
+    for k in range(len(STEP_COST_TERMS)):
+        for extra in itertools.combinations(STEP_COST_TERMS[1:], k):
+            ts = ("step_overhead_s", *extra)
+            fit = fit_step_costs(points, ts)
+            err_in = max(abs(predict(p, fit) / p.measured_s - 1) for p in points)
+            err_out = np.abs(leave_one_out(points, ts))
+            mark = "**" if ts == terms else ""
+            lines.append(f"| {mark}{_short(ts)}{mark} | {err_in:.1%} | {err_out.max():.1%} | "
+                         f"{np.sqrt(np.mean(err_out ** 2)):.1%} |")
+    lines += ["", "| term | fitted | in the preset |", "|---|---|---|"]
+    lines += [f"| `{t}` | {c * 1e6:.4g} µs | {getattr(preset_hw, t) * 1e6:.4g} µs |"
+              for t, c in zip(STEP_COST_TERMS, coefficients)]
+    lines += ["", "Per point (seconds: a decode step, or a rollout's wall time; errors are predicted / measured - 1; "
+              "'decode fit' is the fit to the decode points alone):", "",
+              "| point | measured s | roofline s | fitted s | error | left out | decode fit |", "|---|---|---|---|---|---|---|"]
+    for p, e in zip(points, loo):
+        fit = predict(p, coefficients)
+        dec = predict(p, from_decode) / p.measured_s - 1
+        lines.append(f"| {p.name} | {p.measured_s:.5g} | {p.roofline_s:.5g} | {fit:.5g} | "
+                     f"{fit / p.measured_s - 1:+.1%} | {e:+.1%} | {dec:+.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default=",".join(FIT_SOURCES))
+    args = ap.parse_args(argv)
+    for preset in args.presets.split(","):
+        print(report(preset))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
