@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import re
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparrow_server.cost.hardware import HARDWARE_PRESETS, Hardware  # noqa: E402
 from sparrow_server.cost.model_shape import MODEL_PRESETS  # noqa: E402
-from sparrow_server.cost.roofline import prefill_time_s, step_roofline_and_counts  # noqa: E402
+from sparrow_server.cost.roofline import prefill_time_s, step_roofline_and_counts, step_time_s  # noqa: E402
 from sparrow_server.cost.step_fit import (  # noqa: E402
     STEP_COST_TERMS, FitPoint, fit_step_costs, leave_one_out, predict, select_terms,
 )
@@ -45,6 +47,9 @@ DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).
 DEFAULT_MAX_RUNNING = 32
+# SGLang's decode log line: running requests, KV tokens they hold, output tokens/s since the previous line
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+BACKEND_SERVER = {"dense": "flashinfer", "sparse": "sparrow"}
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def load_workloads(call: str, results: Path = RESULTS) -> list[Workload]:
         for backend, field in (("dense", "dense_tok_s"), ("sparse", "sparse_tok_s")):
             if run[field] is None:
                 continue
-            server = data["servers"][f"{run['model']}/{'flashinfer' if backend == 'dense' else 'sparrow'}"]
+            server = data["servers"][f"{run['model']}/{BACKEND_SERVER[backend]}"]
             label = (f"{run['context'] // 1024}K x {run['batch']}" if run["workload"] == "decode_ctx"
                      else f"{run['batch']} x ({run['prompt_len'] // 1024}K + {run['gen_len'] // 1024}K)")
             out.append(Workload(f"{call}: {run['model']} {run['workload']} {label}", backend, run["model"],
@@ -105,6 +110,53 @@ def fit_point(w: Workload, hardware: Hardware) -> FitPoint:
         roof_total += float(roof.sum()) + batch * prefill_time_s(model, w.prompt_len, hardware)
         counts_total += counts.sum(axis=0)
     return FitPoint(name, w.batch * w.gen_len / w.tok_s, roof_total, counts_total)
+
+
+def server_log(call: str, model: str, backend: str, results: Path = RESULTS) -> str | None:
+    """The committed server log of one backend of a call (a plain file or a member of a .tar.xz), or None."""
+    name = f"server-{model}-{BACKEND_SERVER[backend]}.log"
+    for path in sorted((results / call).glob(name + "*")):
+        return path.read_text(errors="replace")
+    for archive in sorted((results / call).glob("*.tar.xz")):
+        with tarfile.open(archive) as tar:
+            for member in tar.getmembers():
+                if Path(member.name).name == name:
+                    return tar.extractfile(member).read().decode(errors="replace")
+    return None
+
+
+def rollout_step_errors(w: Workload, hardware: Hardware, log: str) -> dict[int, np.ndarray]:
+    """Per wave batch: (mean length, predicted / measured step - 1) of each server-log line of the rollout.
+
+    A line's step time is ``batch / tok_s`` (its throughput covers the steps since the previous line) at
+    the mean length ``#token / batch``. Lines are the rollout's when their batch is one of its waves' and
+    their length lies in (prompt, prompt + gen]; a wave's first line also covers its prefill and is skipped."""
+    model = MODEL_PRESETS[w.model]
+    schedule = dense_schedule() if w.backend == "dense" else ScheduleRegistry().get(w.schedule)
+    waves = set(rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens, w.max_running))
+    out: dict[int, list] = {}
+    previous = None
+    for running, tokens, tok_s in ((int(a), int(b), float(c)) for a, b, c in DECODE_LINE.findall(log)):
+        length = tokens // running
+        first = previous is None or previous[0] != running or tokens <= previous[1]
+        previous = (running, tokens)
+        if first or running not in waves or not w.prompt_len < length <= w.prompt_len + w.gen_len:
+            continue
+        predicted = float(step_time_s(model, schedule, [length], running, hardware, w.prompt_len)[0])
+        out.setdefault(running, []).append((length, predicted * tok_s / running - 1))
+    return {b: np.array(rows) for b, rows in out.items()}
+
+
+def log_check(preset: str, results: Path = RESULTS) -> list[tuple[str, int, np.ndarray]]:
+    """(rollout, wave batch, [N, 2] (length, error)) for every committed rollout log of the preset."""
+    hardware = HARDWARE_PRESETS[preset]
+    out = []
+    for call in FIT_SOURCES[preset]:
+        for w in load_workloads(call, results):
+            log = server_log(call, w.model, w.backend, results) if w.kind == "rollout" else None
+            if log is not None:
+                out += [(f"{w.source} {w.backend}", b, e) for b, e in rollout_step_errors(w, hardware, log).items()]
+    return out
 
 
 def preset_points(preset: str, results: Path = RESULTS, held_out: bool = False) -> list[FitPoint]:
@@ -162,6 +214,15 @@ def report(preset: str, results: Path = RESULTS) -> str:
         dec = predict(p, from_decode) / p.measured_s - 1
         lines.append(f"| {p.name} | {p.measured_s:.5g} | {p.roofline_s:.5g} | {fit:.5g} | "
                      f"{fit / p.measured_s - 1:+.1%} | {e:+.1%} | {dec:+.1%} |")
+    lines += ["", "Within the rollouts: each server-log line (its throughput over the last 40 steps) against the "
+              "preset's step at the line's mean length; median error over each quarter of the lengths:", "",
+              "| rollout | wave batch | lines | lengths | median error | 1st | 2nd | 3rd | 4th quarter |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, batch, rows in log_check(preset, results):
+        lengths, errors = rows[:, 0], rows[:, 1]
+        quarters = np.array_split(errors[np.argsort(lengths, kind="stable")], 4)
+        lines.append(f"| {name} | {batch} | {len(rows)} | {lengths.min():.0f}-{lengths.max():.0f} | "
+                     f"{np.median(errors):+.1%} | " + " | ".join(f"{np.median(q):+.1%}" for q in quarters) + " |")
     held = preset_points(preset, results, held_out=True)
     if held:
         lines += ["", "Held out (same GPU and kernels, other models; not in the fit):", "",

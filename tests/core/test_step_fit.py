@@ -116,3 +116,28 @@ def test_presets_are_the_fit_and_reproduce_every_committed_point(preset):
     assert worst_roofline > 0.10  # the fitted costs are what make the prediction land
     for p in fsc.preset_points(preset, held_out=True):  # other models on the same GPU and kernels, not fitted
         assert predict(p, hw.step_costs) == pytest.approx(p.measured_s, rel=0.06), p.name
+
+
+@pytest.mark.parametrize("preset", ["h100", "h200"])
+def test_preset_follows_the_steps_inside_each_rollout(preset):
+    """Step by step inside each committed rollout (its server log, one line per 40 steps), the preset's
+    step time at the line's mean length has a median error within 10% in every wave and every quarter of
+    the lengths: the fit holds along the rollout, not only on its total."""
+    checked = fsc.log_check(preset)
+    assert checked, "no committed rollout log found"
+    for name, batch, rows in checked:
+        assert len(rows) > 100, (name, batch)
+        assert abs(np.median(rows[:, 1])) < 0.10, (name, batch)
+        for quarter in np.array_split(rows[np.argsort(rows[:, 0]), 1], 4):
+            assert abs(np.median(quarter)) < 0.10, (name, batch)
+
+
+def test_committed_fit_report_is_current():
+    """benchmarks/results/cost_fit.md is what benchmarks/fit_step_costs.py prints from the committed data."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert fsc.main([]) == 0
+    assert (REPO / "benchmarks" / "results" / "cost_fit.md").read_text() == out.getvalue()
