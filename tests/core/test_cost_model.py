@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from sparrow_server.cost.model_shape import (
 )
 from sparrow_server.cost.paper import appendix_f_attention_term, dense_cost, paper_cost, sparse_cost
 from sparrow_server.cost.roofline import (
-    LANDMARK_BYTES, predicted_speedup, rollout_estimate, roofline_bytes, step_flops_and_bytes, step_time_s,
+    LANDMARK_BYTES, predicted_speedup, rollout_estimate, roofline_bytes, step_flops_and_bytes,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, budget_tokens, dense_schedule
@@ -89,6 +88,11 @@ def test_hardware_presets_and_overrides():
         resolve_hardware("tpu")
     with pytest.raises(ValueError, match="'peak_flops'"):
         Hardware("x", 0, 1)
+    with pytest.raises(ValueError, match="'sparse_page_s'"):
+        Hardware("x", 1, 1, sparse_page_s=-1e-9)
+    with pytest.raises(ValueError, match="unknown"):
+        h.with_overrides(page_s=1.0)
+    assert h.with_overrides(sparse_page_s=1e-9).sparse_page_s == 1e-9 and h.roofline().is_roofline
 
 
 def _loop_rollout_time(model, schedule, prompt_len, gen_len, hw, batch):
@@ -113,9 +117,12 @@ def _loop_rollout_time(model, schedule, prompt_len, gen_len, hw, batch):
         nbytes = model.matmul_params * model.weight_bytes + batch * kv
         selecting = any(layer not in dense_layers for layer in range(model.num_layers)) and \
             n_pages > budget_tokens(schedule, L, prompt_len) // schedule.page_size
-        step = max(batch * flops / hw.peak_flops, nbytes / hw.mem_bytes_per_s) + hw.step_overhead_s
+        step = max(batch * flops / hw.peak_flops, nbytes / hw.mem_bytes_per_s) + hw.step_overhead_s + hw.request_step_s * batch
         n_sparse = model.num_layers - len(dense_layers)
-        total += (step + (hw.sparse_layer_request_s * batch * n_sparse if selecting else 0.0)) / batch
+        if selecting:  # per sparse layer; per request and sparse layer; per scored page of each
+            step += n_sparse * (hw.sparse_layer_step_s + batch * (hw.sparse_layer_request_s
+                                                                  + hw.sparse_page_s * (n_pages - schedule.recent_pages)))
+        total += step / batch
     return total
 
 
@@ -124,7 +131,8 @@ def test_rollout_estimate_matches_loop(basis):
     model = ModelShape("tiny", 256, 4, 8, 2, 32, 512, 1000, tie_embeddings=True)
     schedule = Schedule("s", budgets_tokens=(64, 96, 160), bin_tokens=100, length_basis=basis, dense_layers=(0,))
     for hw in (Hardware("hw", peak_flops=1e12, mem_bytes_per_s=1e10),
-               Hardware("fitted", peak_flops=1e12, mem_bytes_per_s=1e10, step_overhead_s=2e-4, sparse_layer_request_s=3e-6)):
+               Hardware("fitted", peak_flops=1e12, mem_bytes_per_s=1e10, step_overhead_s=2e-4, request_step_s=7e-6,
+                        sparse_layer_step_s=5e-5, sparse_layer_request_s=3e-6, sparse_page_s=2e-8)):
         for prompt_len, gen_len, batch in [(0, 400, 1), (37, 350, 8), (250, 120, 64)]:
             _check_against_loop(model, schedule, prompt_len, gen_len, batch, hw)
 
@@ -201,22 +209,3 @@ def test_step_overhead_adds_a_fixed_time_per_step():
     assert 1 < slow.speedup < base.speedup
     with pytest.raises(ValueError, match="step_overhead_s"):
         Hardware("x", 1, 1, step_overhead_s=-1)
-
-
-@pytest.mark.parametrize("preset,results", [("h200", "gpu_call14"), ("h100", "gpu_call3")])
-def test_fitted_presets_predict_the_measured_decode_speedups(preset, results):
-    """The presets' fitted per-step costs reproduce every committed SGLang decode speedup of that GPU
-    within 10% (the pure roofline does not), from the run's own JSON."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / results / "sglang_throughput.json"
-    runs = [r for r in json.loads(path.read_text())["runs"] if r["workload"] == "decode_ctx" and r["speedup"]]
-    assert len(runs) >= 3
-    hw = HARDWARE_PRESETS[preset]
-    worst_roofline = 0.0
-    for r in runs:
-        model, s = MODEL_PRESETS[r["model"]], ScheduleRegistry().get(r["schedule"])
-        mid = [r["context"] + r["gen_len"] // 2]
-        pred = lambda h: float(step_time_s(model, dense_schedule(), mid, r["batch"], h)[0]  # noqa: E731
-                               / step_time_s(model, s, mid, r["batch"], h)[0])
-        assert pred(hw) == pytest.approx(r["speedup"], rel=0.10), r
-        worst_roofline = max(worst_roofline, abs(pred(hw.roofline()) / r["speedup"] - 1))
-    assert worst_roofline > 0.10  # the fit is what makes the prediction land
