@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sglang_server as S  # noqa: E402
 import sglang_throughput as T  # noqa: E402
 
-from sparrow_server.sglang_plugin.planning import attended_tokens  # noqa: E402
 from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
+from sparrow_server.sparsity.schedule import kv_budget_tokens  # noqa: E402
 
 ATTN_RE = re.compile(r"BatchDecode|MergeStates", re.I)
 SELECT_RE = re.compile(r"_score_kernel|_select_kernel|_landmark_kernel")
@@ -82,7 +82,7 @@ def layer_bytes(schedule, layer: int, batch: int, length: int, backend: str, cfg
     per_tok = h * d * 2 * 2  # K and V, bf16
     if backend == "flashinfer" or layer in schedule.dense_layers:
         return batch * length * per_tok, 0
-    toks = attended_tokens(schedule, length, length - 1, 16, 10**9)
+    toks = kv_budget_tokens(schedule, length, length - 1, 10**9)  # what the backend plans, no top-k cap
     return batch * toks * per_tok, batch * (length // 16) * h * d * 2
 
 

@@ -8,8 +8,8 @@ prints dense and sparse (the size's 0.86 preset) tokens/s per GPU, twice:
 * ``bounded``: the decode batch the GPU's memory can hold at the end of the generation
   (``MEM_FRACTION`` of the memory, minus bf16 weights, over KV bytes of prompt + generation;
   sparse decode stores the whole KV too, so the bound is the same for both) and the hardware
-  preset's per-step costs fitted to measured SGLang decode (docs/cost-model.md): a fixed cost per
-  step and, for the sparse server, a cost per request and sparse layer.
+  preset's per-step costs fitted to measured SGLang decode steps and rollouts (docs/cost-model.md,
+  "Fitted per-step costs").
 
 Each row names the ``sparrow-server cost`` command that reproduces it. Then the fleet table:
 servers are independent for rollouts (one GPU each, the router only forwards), so a fleet of N

@@ -96,7 +96,7 @@ def _parse_top(entries: Sequence[Sequence[Any]] | None, k: int) -> tuple[list[in
 def generate(client: Any, pairs: list[tuple[str, list[int], Schedule]], total_tokens: int,
              top_k: int = TOP_K) -> list[dict]:
     """Sparse rollouts (one /generate per schedule, concurrently), then the dense top-k of each."""
-    from sparrow_server.sglang_plugin.verification import topk_from_prefill_meta
+    from sparrow_server.sglang_plugin.frontend.verification import topk_from_prefill_meta
     from sparrow_server.stats.acceptance import topk_acceptance_lower_bound
     from sparrow_server.sparsity import wire
     from sparrow_server.sparsity.schedule import dump_schedule
@@ -298,7 +298,7 @@ def main() -> int:
               "bin_tokens": args.bin_tokens,
               "schedules": score(model, rows, args.bin_tokens, args.out.with_suffix(".tokens.npz"))}
     if args.selections is not None:
-        from sparrow_server.sglang_plugin.selection_debug import load_records
+        from sparrow_server.sglang_plugin.scheduler.selection_debug import load_records
 
         result["selections"] = selection_agreement(model, rows, load_records(args.selections), args.device)
     result["score_s"] = round(time.time() - t0, 1)

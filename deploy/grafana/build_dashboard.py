@@ -1,6 +1,6 @@
 """Writes ``deploy/grafana/dashboards/sparrow.json``, the Sparrow fleet dashboard.
 
-The JSON is generated so that every query is written once, here; ``tests/test_deploy.py`` checks
+The JSON is generated so that every query is written once, here; ``tests/e2e/test_deploy.py`` checks
 that the committed file equals this script's output and that every metric it queries is in
 ``docs/metrics.md``. Regenerate after editing:  python deploy/grafana/build_dashboard.py
 """

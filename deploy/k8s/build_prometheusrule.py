@@ -1,6 +1,6 @@
 """Writes ``deploy/k8s/prometheusrule.yaml``: the alert rules of
 ``deploy/prometheus/rules/sparrow.rules.yml`` wrapped as a Prometheus Operator ``PrometheusRule``
-(the rules are written once, in the rules file; ``tests/test_deploy.py`` checks the two agree).
+(the rules are written once, in the rules file; ``tests/e2e/test_deploy.py`` checks the two agree).
 Regenerate after editing the rules:  python deploy/k8s/build_prometheusrule.py
 """
 from __future__ import annotations

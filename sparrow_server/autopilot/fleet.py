@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import httpx
 import numpy as np
 
-from sparrow_server.autopilot.controller import AutopilotConfig, BudgetChange, BudgetController
+from sparrow_server.autopilot.controller import EXACT_ACCEPTANCE, AutopilotConfig, BudgetChange, BudgetController
 
 log = logging.getLogger(__name__)
 DEFAULT_INTERVAL_S = 15.0
@@ -35,6 +35,7 @@ class FleetAutopilot:
         self._cursors = [0] * len(self.servers)
         self.current: dict[str, Any] | None = None
         self.controller: BudgetController | None = None
+        self._warned: set[tuple[int, str]] = set()  # (server, acceptance kind) refused and logged once
 
     def close(self) -> None:
         for client in self._http:
@@ -99,8 +100,14 @@ class FleetAutopilot:
             for rec in page["records"]:
                 if rec["bin_tokens"] == current["bin_tokens"]:
                     bins = np.asarray(rec["basis_lengths"], dtype=np.int64) // rec["bin_tokens"]
+                    # "adapter" / "kind" absent from an older server's records: no adapter, exact acceptance
+                    kind = rec.get("kind", EXACT_ACCEPTANCE)
+                    if kind != self.config.acceptance and (i, kind) not in self._warned:
+                        self._warned.add((i, kind))
+                        log.warning("%s: its %s acceptance is refused (this autopilot steers on %s)",
+                                    self.servers[i], kind, self.config.acceptance)
                     ctl.observe(rec["budgets_tokens"], rec["acceptance"], bins, rec["weight_version"],
-                                rec.get("adapter"))  # absent from an older server's records: no adapter
+                                rec.get("adapter"), kind)
         changes = ctl.step()
         if changes:
             new = {**current, "budgets_tokens": list(ctl.budgets), "version": current["version"] + 1}

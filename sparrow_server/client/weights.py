@@ -66,7 +66,8 @@ def _split(action: str, urls: list[str], outcomes: list[Any]) -> dict[str, Any]:
     return results
 
 
-def _post_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None, timeout: float) -> dict[str, Any]:
+def post_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None, timeout: float) -> dict[str, Any]:
+    """POST ``body`` to ``path`` on every server at once; each server's reply, or ``FleetError``."""
     servers = _url_list(urls)
 
     def one(url: str) -> Any:
@@ -81,8 +82,9 @@ def _post_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key:
         return _split(action, servers, list(pool.map(one, servers)))
 
 
-async def _apost_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None,
-                     timeout: float) -> dict[str, Any]:
+async def apost_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None,
+                    timeout: float) -> dict[str, Any]:
+    """``post_all`` for asyncio callers."""
     servers = _url_list(urls)
     async with httpx.AsyncClient(timeout=timeout, headers=_headers(api_key)) as http:
         async def one(url: str) -> Any:
@@ -101,17 +103,17 @@ def update_weights(urls: Urls, model_path: str, *, weight_version: str | None = 
     so that the fleet agrees on it."""
     body = update_payload(model_path, weight_version=weight_version, load_format=load_format, flush_cache=flush_cache,
                           abort_all_requests=abort_all_requests, keep_pause=keep_pause)
-    return _post_all("update_weights", urls, "/update_weights_from_disk", body, api_key, timeout)
+    return post_all("update_weights", urls, "/update_weights_from_disk", body, api_key, timeout)
 
 
 def pause(urls: Urls, mode: str = "abort", *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """``POST /pause_generation`` on every server (``abort`` | ``retract`` | ``in_place``)."""
-    return _post_all("pause", urls, "/pause_generation", {"mode": mode}, api_key, timeout)
+    return post_all("pause", urls, "/pause_generation", {"mode": mode}, api_key, timeout)
 
 
 def resume(urls: Urls, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     """``POST /continue_generation`` on every server."""
-    return _post_all("resume", urls, "/continue_generation", {}, api_key, timeout)
+    return post_all("resume", urls, "/continue_generation", {}, api_key, timeout)
 
 
 async def async_update_weights(urls: Urls, model_path: str, *, weight_version: str | None = None,
@@ -120,17 +122,17 @@ async def async_update_weights(urls: Urls, model_path: str, *, weight_version: s
                                timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
     body = update_payload(model_path, weight_version=weight_version, load_format=load_format, flush_cache=flush_cache,
                           abort_all_requests=abort_all_requests, keep_pause=keep_pause)
-    return await _apost_all("update_weights", urls, "/update_weights_from_disk", body, api_key, timeout)
+    return await apost_all("update_weights", urls, "/update_weights_from_disk", body, api_key, timeout)
 
 
 async def async_pause(urls: Urls, mode: str = "abort", *, api_key: str | None = None,
                       timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    return await _apost_all("pause", urls, "/pause_generation", {"mode": mode}, api_key, timeout)
+    return await apost_all("pause", urls, "/pause_generation", {"mode": mode}, api_key, timeout)
 
 
 async def async_resume(urls: Urls, *, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> dict[str, Any]:
-    return await _apost_all("resume", urls, "/continue_generation", {}, api_key, timeout)
+    return await apost_all("resume", urls, "/continue_generation", {}, api_key, timeout)
 
 
 __all__ = ["update_weights", "pause", "resume", "async_update_weights", "async_pause", "async_resume", "FleetError",
-           "update_payload"]
+           "update_payload", "post_all", "apost_all"]

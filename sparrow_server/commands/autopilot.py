@@ -12,6 +12,8 @@ import os
 import sys
 
 from sparrow_server.autopilot.controller import (
+    ACCEPTANCE_KINDS,
+    DEFAULT_ACCEPTANCE,
     DEFAULT_CONFIDENCE,
     DEFAULT_LOWER_PAGES,
     DEFAULT_MARGIN,
@@ -39,6 +41,9 @@ def register(subparsers) -> None:
     p.add_argument("--lower-pages", type=int, default=DEFAULT_LOWER_PAGES)
     p.add_argument("--retry-windows", type=int, default=DEFAULT_RETRY_WINDOWS,
                    help="retry a failed budget after this many min-tokens windows above the band (0: never)")
+    p.add_argument("--acceptance", choices=ACCEPTANCE_KINDS, default=DEFAULT_ACCEPTANCE,
+                   help="the acceptance the target is stated on: exact (reference servers) or topk_lower_bound (SGLang "
+                        "servers; reads lower, docs/autopilot.md); the other kind's evidence is refused")
     p.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S, help="seconds between polls")
     p.add_argument("--iterations", type=int, default=None, help="stop after this many polls (default: run until killed)")
     p.set_defaults(func=run)
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = AutopilotConfig(args.target, args.margin, args.floor_tokens, args.ceiling_tokens, args.min_tokens,
                                  args.confidence, args.raise_factor, args.lower_pages,
-                                 retry_windows=args.retry_windows)
+                                 retry_windows=args.retry_windows, acceptance=args.acceptance)
     except AutopilotConfigError as exc:
         print(f"sparrow-server autopilot: --{exc.field.replace('_', '-')} {exc.value}: {exc.reason}", file=sys.stderr)
         return 2

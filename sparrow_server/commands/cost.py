@@ -11,6 +11,7 @@ from sparrow_server.cost.hardware import DEFAULT_HARDWARE, HARDWARE_PRESETS, SPE
 from sparrow_server.cost.model_shape import MODEL_PRESETS, ModelShapeError, resolve_model
 from sparrow_server.cost.paper import paper_cost
 from sparrow_server.cost.roofline import DEFAULT_DECODE_BATCH, DEFAULT_SAMPLES, rollout_estimate
+from sparrow_server.cost.step_fit import STEP_COST_TERMS
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens, load_schedule
 
@@ -73,8 +74,8 @@ def run(args) -> int:
                   "kv_heads": model.num_kv_heads, "gqa_ratio": model.gqa_ratio,
                   "kv_bytes_per_token": model.kv_bytes_per_token},
         "hardware": {"name": hardware.name, "peak_flops": hardware.peak_flops,
-                     "mem_bytes_per_s": hardware.mem_bytes_per_s, "step_overhead_s": hardware.step_overhead_s,
-                     "sparse_layer_request_s": hardware.sparse_layer_request_s, "source": hardware.source},
+                     "mem_bytes_per_s": hardware.mem_bytes_per_s,
+                     **{term: getattr(hardware, term) for term in STEP_COST_TERMS}, "source": hardware.source},
         "schedule": schedule.id,
         "prompt_len": args.prompt_len, "gen_len": args.gen_len, "samples": args.samples, "batch": args.batch,
         "prefill_s": est.prefill_s,

@@ -119,7 +119,7 @@ def _load_tokenizer(model: str):
 
 def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str], ServiceParts]:
     """(SGLang argv, plug-in environment, service parts) of ``serve --engine sglang``."""
-    from sparrow_server.sglang_plugin.host import plugin_environment, sglang_argv
+    from sparrow_server.sglang_plugin.frontend.host import plugin_environment, sglang_argv
 
     if not args.model:
         raise ValueError("--engine sglang needs --model PATH (a Hugging Face model directory)")
@@ -134,7 +134,7 @@ def sglang_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str],
 
 
 def run_sglang(args: argparse.Namespace) -> int:
-    from sparrow_server.sglang_plugin.host import run_sglang_server
+    from sparrow_server.sglang_plugin.frontend.host import run_sglang_server
 
     argv, env, parts = sglang_command(args)
     tokenizer = _load_tokenizer(args.model)

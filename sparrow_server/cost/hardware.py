@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
+from sparrow_server.cost.step_fit import STEP_COST_TERMS
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -10,18 +14,20 @@ class Hardware:
     peak_flops: float  # dense bf16 matrix FLOP/s
     mem_bytes_per_s: float  # HBM bandwidth, bytes/s
     source: str = ""
-    # Fixed time added to every decode step (kernel launches, sampling, scheduling); 0 = pure roofline.
-    step_overhead_s: float = 0.0
-    # Time the sparse path adds per request and sparse layer in a decode step that selects pages (selection
-    # beyond its landmark bytes, sparse decode below copy bandwidth); 0 = pure roofline.
-    sparse_layer_request_s: float = 0.0
+    # Fitted per-step costs added to the roofline (cost/step_fit.py says what each multiplies); all 0 = the
+    # pure roofline.
+    step_overhead_s: float = 0.0  # per decode step
+    request_step_s: float = 0.0  # per request and step
+    sparse_layer_step_s: float = 0.0  # per sparse layer in a step that selects pages
+    sparse_layer_request_s: float = 0.0  # per request and sparse layer in a step that selects pages
+    sparse_page_s: float = 0.0  # per candidate page scored, per request and sparse layer
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops", "mem_bytes_per_s"):
             value = getattr(self, field_name)
             if not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"hardware field {field_name!r} = {value!r}: must be > 0")
-        for field_name in ("step_overhead_s", "sparse_layer_request_s"):
+        for field_name in STEP_COST_TERMS:
             value = getattr(self, field_name)
             if not (isinstance(value, (int, float)) and value >= 0):
                 raise ValueError(f"hardware field {field_name!r} = {value!r}: must be >= 0")
@@ -32,22 +38,28 @@ class Hardware:
         return self.peak_flops / self.mem_bytes_per_s
 
     @property
+    def step_costs(self) -> np.ndarray:
+        """The fitted per-step costs in ``STEP_COST_TERMS`` order: [len(STEP_COST_TERMS)] seconds."""
+        return np.array([getattr(self, t) for t in STEP_COST_TERMS], dtype=np.float64)
+
+    @property
     def is_roofline(self) -> bool:
-        return self.step_overhead_s == 0 and self.sparse_layer_request_s == 0
+        return not self.step_costs.any()
 
     def roofline(self) -> "Hardware":
         """The same ceilings with no fitted per-step costs: the pure byte/FLOP roofline."""
         if self.is_roofline:
             return self
-        return replace(self, step_overhead_s=0.0, sparse_layer_request_s=0.0, source=f"{self.source}; pure roofline")
+        return replace(self, **dict.fromkeys(STEP_COST_TERMS, 0.0), source=f"{self.source}; pure roofline")
 
     def with_overrides(
-        self, peak_flops: float | None = None, mem_bytes_per_s: float | None = None, step_overhead_s: float | None = None,
-        sparse_layer_request_s: float | None = None,
+        self, peak_flops: float | None = None, mem_bytes_per_s: float | None = None, **step_costs: float | None,
     ) -> "Hardware":
+        unknown = set(step_costs) - set(STEP_COST_TERMS)
+        if unknown:
+            raise ValueError(f"hardware overrides: unknown {sorted(unknown)} (known: {STEP_COST_TERMS})")
         given = {k: v for k, v in (("peak_flops", peak_flops), ("mem_bytes_per_s", mem_bytes_per_s),
-                                   ("step_overhead_s", step_overhead_s),
-                                   ("sparse_layer_request_s", sparse_layer_request_s)) if v is not None}
+                                   *step_costs.items()) if v is not None}
         if not given:
             return self
         return replace(self, **given, source=f"{self.source}; overridden: {', '.join(given)}")
@@ -56,20 +68,28 @@ class Hardware:
 # Defaults are MEASURED on this project's lent hosts (recorded in the device library's KINDS.md, not
 # re-measured by this module): an 8192^3 bf16 torch.matmul on random data, and a device-to-device
 # copy counting bytes read + written. Vendor SXM datasheet figures, for comparison only (SPEC):
-# H100 989 TFLOP/s dense bf16, 3.35 TB/s; H200 989 TFLOP/s, 4.8 TB/s. The per-step costs are least-squares
-# fits of step = step_overhead_s + bytes / mem_bytes_per_s (+ sparse_layer_request_s x batch x sparse layers
-# for the sparse server) to the measured server decode steps (tests/test_cost_model.py checks the fit reproduces them).
+# H100 989 TFLOP/s dense bf16, 3.35 TB/s; H200 989 TFLOP/s, 4.8 TB/s. The per-step costs are the
+# non-negative least-squares fit (cost/step_fit.py) of roofline + costs to every committed SGLang decode
+# step and rollout of one code state on that GPU, with the terms whose leave-one-out error is smallest:
+# `PYTHONPATH=. python benchmarks/fit_step_costs.py` prints the fit, per-point errors and leave-one-out
+# errors (committed as benchmarks/results/cost_fit.md); tests/core/test_step_fit.py checks these values
+# are that fit and reproduce every point.
 HARDWARE_PRESETS: dict[str, Hardware] = {
     "h100": Hardware(
-        "h100", peak_flops=798e12, mem_bytes_per_s=3.0e12, step_overhead_s=1.23e-3, sparse_layer_request_s=2.68e-6,
+        "h100", peak_flops=798e12, mem_bytes_per_s=3.0e12,
+        step_overhead_s=932e-6, request_step_s=21.5e-6, sparse_layer_step_s=40.2e-6,
         source="measured on the lent H100 80GB HBM3 (2026-11-13): 798 TFLOP/s bf16 matmul, ~3.0 TB/s copy; "
-               "per-step costs fitted to SGLang decode 8K/16K/32K x 16, Qwen3-1.7B (benchmarks/results/gpu_call3)",
+               "per-step costs fitted to SGLang decode 8K/16K/32K x 16 and rollouts 32 x (1K + 8K), "
+               "32 x (1K + 16K), Qwen3-1.7B, fused radix-select kernel (benchmarks/results/gpu_call3, gpu_call4 "
+               "sglang_throughput.json)",
     ),
     "h200": Hardware(
-        "h200", peak_flops=788e12, mem_bytes_per_s=4.3e12, step_overhead_s=1.55e-3, sparse_layer_request_s=1.98e-6,
+        "h200", peak_flops=788e12, mem_bytes_per_s=4.3e12,
+        step_overhead_s=1.53e-3, sparse_page_s=1.10e-9,
         source="measured on the lent H200 (2026-10-28, 2026-11-04): 769-798 TFLOP/s bf16 matmul, ~4.3 TB/s copy; "
-               "per-step costs fitted to SGLang decode 16K x 16, 32K x 16, 32K x 28, Qwen3-1.7B "
-               "(benchmarks/results/gpu_call14)",
+               "per-step costs fitted to SGLang decode 16K x 16, 32K x 16, 32K x 28 and the dense rollout "
+               "64 x (1K + 16K), Qwen3-1.7B, issue-13 kernels (benchmarks/results/gpu_call14, gpu_call15 "
+               "sglang_throughput.json)",
     ),
 }
 SPEC_HARDWARE: dict[str, Hardware] = {

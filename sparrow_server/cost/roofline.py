@@ -9,9 +9,10 @@ step of ``batch`` requests that each attend ``L`` tokens (prompt + generated, cu
 - bytes per step: the weights once (``matmul_params * weight_bytes``, shared by the batch) + per
   request the KV read: dense layers ``L`` tokens, sparse layers ``A`` tokens, both at
   ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` bf16 each;
-- time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) + ``Hardware.step_overhead_s`` (+ ``batch *
-  sparse layers * Hardware.sparse_layer_request_s`` when the step selects pages): the presets carry per-step costs
-  fitted to measured SGLang decode; ``Hardware.roofline()`` zeroes them (the pure roofline).
+- time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) + the hardware's fitted per-step costs times their
+  counts (``step_fit.py``: per step, per request, and for a step that selects pages per sparse layer, per
+  request and sparse layer, per scored page): the presets carry costs fitted to measured SGLang decode and
+  rollouts; ``Hardware.roofline()`` zeroes them (the pure roofline).
 
 A sparse layer keeps ``budget_pages`` pages including the partial last one, so
 ``A = (budget_pages - 1) * ps + last_page_len``; it scores the ``n_pages - recent_pages`` pages
@@ -28,6 +29,7 @@ import numpy as np
 
 from sparrow_server.cost.hardware import HARDWARE_PRESETS, DEFAULT_HARDWARE, Hardware
 from sparrow_server.cost.model_shape import ModelShape
+from sparrow_server.cost.step_fit import step_cost_counts
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 
 DEFAULT_DECODE_BATCH = 64
@@ -142,14 +144,23 @@ def step_flops_and_bytes(
     return batch * flops_req, StepBytes(weights, batch * kv_req, batch * landmark_req)
 
 
+def step_roofline_and_counts(
+    model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Roofline seconds of decode steps at each length, and what each fitted per-step cost multiplies
+    (``step_fit.step_cost_counts``): [S] -> ([S], [S, len(STEP_COST_TERMS)])."""
+    flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
+    roofline = np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
+    _, scored = _attended_and_scored(schedule, np.atleast_1d(np.asarray(lengths, dtype=np.int64)), prompt_len)
+    selecting = scored > 0  # the step scores landmarks: the sparse path's own kernels run
+    return roofline, step_cost_counts(batch, _sparse_layer_count(model, schedule), selecting, scored)
+
+
 def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0):
     """Roofline time of decode steps of ``batch`` requests at each length, plus the hardware's fitted
     per-step costs: [S] -> [S] seconds."""
-    flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
-    roofline = np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
-    selecting = nbytes.landmarks > 0  # the step scores landmarks: the sparse path's own kernels run
-    sparse_rows = batch * _sparse_layer_count(model, schedule) * selecting
-    return roofline + hardware.step_overhead_s + hardware.sparse_layer_request_s * sparse_rows
+    roofline, counts = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len)
+    return roofline + counts @ hardware.step_costs
 
 
 def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> float:
@@ -217,7 +228,8 @@ def roofline_bytes(
 
 
 __all__ = [
-    "StepBytes", "RooflineBytes", "RolloutEstimate", "step_flops_and_bytes", "step_time_s", "prefill_time_s",
+    "StepBytes", "RooflineBytes", "RolloutEstimate", "step_flops_and_bytes", "step_roofline_and_counts", "step_time_s",
+    "prefill_time_s",
     "decode_time_per_request_s", "rollout_estimate", "predicted_speedup", "roofline_bytes",
     "DEFAULT_DECODE_BATCH", "DEFAULT_SAMPLES", "LANDMARK_BYTES",
 ]

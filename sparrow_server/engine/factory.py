@@ -11,7 +11,7 @@ from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION, Engine
 
 ENGINE_FACTORIES: dict[str, str] = {
     "reference": "sparrow_server.engine.reference.factory:build_reference_engine",
-    "sglang": "sparrow_server.sglang_plugin.engine:build_sglang_engine",
+    "sglang": "sparrow_server.sglang_plugin.frontend.engine:build_sglang_engine",
 }
 
 

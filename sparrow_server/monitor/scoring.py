@@ -25,12 +25,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from sparrow_server.autopilot.controller import EXACT_ACCEPTANCE, TOPK_BOUND_ACCEPTANCE
 from sparrow_server.modeling.sparse_forward import attention_implementation, teacher_forced_logits
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
 
-EXACT = "exact"
-TOPK_LOWER_BOUND = "topk_lower_bound"
+# The kinds of acceptance (the names an autopilot's ``acceptance`` setting selects).
+EXACT, TOPK_LOWER_BOUND = EXACT_ACCEPTANCE, TOPK_BOUND_ACCEPTANCE
 DENSE_ATTENTION = "sdpa"  # the dense pass's attention implementation (stock, causal)
 DEFAULT_ROW_CHUNK = 256  # acceptance rows per step: bounds the [chunk, V] float temporaries
 

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from sparrow_server.monitor.metrics import AcceptanceMetrics
-from sparrow_server.monitor.scoring import AcceptanceScores, score_rollout
+from sparrow_server.monitor.scoring import EXACT, TOPK_LOWER_BOUND, AcceptanceScores, score_rollout
 from sparrow_server.sparsity.schedule import Schedule
 
 log = logging.getLogger(__name__)
@@ -125,6 +125,11 @@ class DenseVerifier:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sparrow-verifier")
         # Called with (job, scores) after each scored rollout, on the verifier's thread (the schedule autopilot).
         self.listeners: list[Callable[[VerificationJob, AcceptanceScores], None]] = []
+
+    @property
+    def acceptance_kind(self) -> str:
+        """What this verifier measures: the top-k lower bound when the engine records the sparse top-k, else exact."""
+        return TOPK_LOWER_BOUND if self.record_topk else EXACT
 
     def should_verify(self, requested: bool) -> bool:
         """Decide at admission: always when requested, else with probability ``sample_fraction``."""

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from pydantic import BaseModel, ConfigDict
 
 from sparrow_server.autopilot.controller import (
+    DEFAULT_ACCEPTANCE,
     DEFAULT_CONFIDENCE,
     DEFAULT_LOWER_PAGES,
     DEFAULT_MARGIN,
@@ -66,6 +67,7 @@ class AutopilotIn(BaseModel):
     raise_factor: float = DEFAULT_RAISE_FACTOR
     lower_pages: int = DEFAULT_LOWER_PAGES
     retry_windows: int = DEFAULT_RETRY_WINDOWS
+    acceptance: str = DEFAULT_ACCEPTANCE
 
 
 class VersionIn(BaseModel):
@@ -154,6 +156,12 @@ class ServerAutopilot:
             raise ScheduleError("name", name, "is a built-in schedule: register a copy under another name to steer it")
         if schedule.is_dense:
             raise ScheduleError("budgets_tokens", [], "a dense schedule has no budgets to steer")
+        verifier = self.service.verifier
+        if verifier is not None and config.acceptance != verifier.acceptance_kind:
+            raise AutopilotConfigError("acceptance", config.acceptance,
+                                       f"this server's verifier measures {verifier.acceptance_kind!r} acceptance; "
+                                       f"set acceptance to {verifier.acceptance_kind!r} to steer on it (a top-k bound "
+                                       "reads lower than exact: the target is then stated on the bound, docs/autopilot.md)")
         weight_version = (self.service.engine.info().weight_version or None) if weights_known else None
         ctl = BudgetController(config, schedule.budgets_tokens, schedule.page_size, schedule.reserved_pages, weight_version,
                                schedule.bin_tokens)
@@ -199,7 +207,7 @@ class ServerAutopilot:
             self._evidence.append({"seq": self._seq, "schedule": schedule.name, "version": schedule.version,
                                    "budgets_tokens": list(schedule.budgets_tokens), "bin_tokens": schedule.bin_tokens,
                                    "weight_version": job.weight_version, "adapter": job.adapter,
-                                   "acceptance": acceptance.round(5).tolist(),
+                                   "kind": scores.kind, "acceptance": acceptance.round(5).tolist(),
                                    "basis_lengths": basis.tolist()})
             ctl = self._controllers.get(schedule.name)
             if ctl is None:
@@ -209,7 +217,7 @@ class ServerAutopilot:
                 ctl.adopt(current.budgets_tokens)  # replaced by a PUT meanwhile
             if schedule.bin_tokens == current.bin_tokens:
                 ctl.observe(schedule.budgets_tokens, acceptance, basis // schedule.bin_tokens, job.weight_version,
-                            job.adapter)
+                            job.adapter, scores.kind)
             changes = ctl.step()
             if changes:
                 new = dataclasses.replace(current, budgets_tokens=ctl.budgets, version=current.version + 1)

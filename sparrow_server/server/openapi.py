@@ -1,6 +1,6 @@
 """The OpenAPI document says what the server really answers: every operation lists its error
 responses with their body model (``ErrorBody``, the shape ``errors.error_response`` writes), so
-generated clients and schema fuzzers agree with the server (``tests/test_fuzz_api.py`` checks
+generated clients and schema fuzzers agree with the server (``tests/server/test_fuzz_api.py`` checks
 response conformance over every route).
 
 Codes every operation of a kind can give are added by rule, so a new route is covered as soon as

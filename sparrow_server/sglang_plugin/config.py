@@ -1,12 +1,15 @@
-"""Settings of the SGLang plug-in, read from the environment of the scheduler process.
+"""Settings of the SGLang plug-in, shared by both halves: the scheduler processes read them from their
+environment, the HTTP process reads the same ones to report and refuse what the schedulers will do.
 
-The scheduler is spawned, so settings travel as environment variables (``sparrow-server serve
+The schedulers are spawned, so settings travel as environment variables (``sparrow-server serve
 --engine sglang`` sets them from its flags). Every default is defined here, once.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+
+from sparrow_server.sparsity.registry import ScheduleRegistry
 
 BACKEND_NAME = "sparrow"
 # The sparse decode kernel's page: SGLang runs with --page-size PAGE_SIZE (the host passes it, the
@@ -48,6 +51,12 @@ class PluginConfig:
         """The top-k cap in pages: the one value both processes pass to ``kv_budget_tokens`` (the
         schedulers plan with it, the HTTP process reports each token's budget with it)."""
         return max(1, self.topk_cap_tokens // PAGE_SIZE)
+
+    def server_dense_layers(self) -> tuple[int, ...]:
+        """Layers the backend runs dense for every request: the default schedule's, fixed when the
+        schedulers start (the backend allocates landmarks for the others). The HTTP process reads the
+        same set from the same settings to refuse schedules that need more."""
+        return ScheduleRegistry.load(persist_dir=self.schedule_dir).get(self.default_schedule).dense_layers
 
     @classmethod
     def from_env(cls, environ: dict | None = None) -> "PluginConfig":

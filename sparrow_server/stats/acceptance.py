@@ -79,6 +79,33 @@ def topk_acceptance_lower_bound(
     return per_sparse.sum(dim=1).clamp(0.0, 1.0)
 
 
+def topk_acceptance_upper_bound(
+    sparse_ids: Tensor, sparse_logprobs: Tensor, dense_ids: Tensor, dense_logprobs: Tensor
+) -> Tensor:
+    """Upper bound on acceptance from the same two top-k lists (arguments as ``topk_acceptance_lower_bound``).
+
+    Each list is taken to hold its distribution's most likely ids, so an id missing from a list has at
+    most the list's smallest probability there (``p_s_min``, ``p_d_min``). With ``L`` the lower bound,
+    ``B = S ∩ D`` the ids in both lists, the exact value's remaining terms are at most either of
+    ``1 - P_s(B)``, ``1 - P_d(B)`` (all the mass outside ``B``) or
+    ``Σ_{S \\ D} min(p_s, p_d_min) + Σ_{D \\ S} min(p_d, p_s_min) + min(1 - P_s(S), 1 - P_d(D))``
+    (ids in one list; ids in neither). Returns ``L`` plus the smallest, clamped to [0, 1]: [T].
+    """
+    lower = topk_acceptance_lower_bound(sparse_ids, sparse_logprobs, dense_ids, dense_logprobs)
+    dtype = lower.dtype
+    ps = torch.where(sparse_ids >= 0, sparse_logprobs.to(dtype).exp(), torch.zeros((), dtype=dtype))  # [T, Ks]
+    pd = torch.where(dense_ids >= 0, dense_logprobs.to(dtype).exp(), torch.zeros((), dtype=dtype))  # [T, Kd]
+    same = (sparse_ids[:, :, None] == dense_ids[:, None, :]) & (sparse_ids[:, :, None] >= 0)  # [T, Ks, Kd]
+    s_in_d, d_in_s = same.any(dim=2), same.any(dim=1)  # [T, Ks], [T, Kd]
+    ps_min = torch.where(sparse_ids >= 0, ps, torch.ones((), dtype=dtype)).amin(dim=1, keepdim=True)  # [T, 1]
+    pd_min = torch.where(dense_ids >= 0, pd, torch.ones((), dtype=dtype)).amin(dim=1, keepdim=True)
+    outside_b = torch.minimum(1 - (ps * s_in_d).sum(1), 1 - (pd * d_in_s).sum(1))
+    one_list = (torch.minimum(ps, pd_min) * ~s_in_d).sum(1) + (torch.minimum(pd, ps_min) * ~d_in_s).sum(1)
+    neither = torch.minimum(1 - ps.sum(1), 1 - pd.sum(1))
+    slack = torch.minimum(outside_b, one_list + neither).clamp(min=0.0)
+    return (lower + slack).clamp(0.0, 1.0)
+
+
 def sampled_acceptance(dense_logprob: Tensor, sparse_logprob: Tensor) -> Tensor:
     """Per-token ``min(1, p_dense(x_t) / p_sparse(x_t))`` for the sampled tokens x_t ~ p_sparse.
 
@@ -106,6 +133,6 @@ def logits_to_topk(logits: Tensor, k: int, temperature: float = DEFAULT_TEMPERAT
 
 
 __all__ = [
-    "exact_acceptance", "topk_acceptance_lower_bound", "sampled_acceptance",
+    "exact_acceptance", "topk_acceptance_lower_bound", "topk_acceptance_upper_bound", "sampled_acceptance",
     "truncated_importance_weights", "logits_to_topk", "DEFAULT_TEMPERATURE",
 ]

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 
 from sparrow_server.kernels import sparse_decode as K
-from sparrow_server.sglang_plugin.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout
+from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout
 
 
 class SparseLayer:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from sparrow_server.sglang_plugin.planning import StepPlan, plan_step
+from sparrow_server.sglang_plugin.scheduler.planning import StepPlan, plan_step
 from sparrow_server.sparsity.schedule import Schedule
 
 

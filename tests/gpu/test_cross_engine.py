@@ -128,7 +128,7 @@ def test_a_wrong_schedule_breaks_the_tolerance(rows, oracle):
 
 def test_page_selections_agree_with_the_oracle(model_dir, oracle, tmp_path):
     import cross_engine as X
-    from sparrow_server.sglang_plugin.selection_debug import ENV_DIR, ENV_EVERY, load_records
+    from sparrow_server.sglang_plugin.scheduler.selection_debug import ENV_DIR, ENV_EVERY, load_records
 
     sel = tmp_path / "selections"
     rows = _rollouts(model_dir, [X.fixed_schedule(b) for b in SELECTION_BUDGETS], 2, SELECTION_TOTAL, True,

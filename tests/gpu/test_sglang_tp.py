@@ -160,7 +160,7 @@ def test_sparse_schedule_takes_effect_at_tp2(stock_tp2, sparrow_tp2):
 def test_every_rank_selects_sparsely_for_its_heads(tmp, sparrow_tp2_eager):
     """Both ranks' side tables hold the sparse schedule: each rank's records name its own global
     KV heads and attend the budget (32 pages), not every page."""
-    from sparrow_server.sglang_plugin.selection_debug import load_records
+    from sparrow_server.sglang_plugin.scheduler.selection_debug import load_records
 
     folder = Path(sparrow_tp2_eager["selections"])
     by_pid = {}

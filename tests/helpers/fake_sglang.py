@@ -11,7 +11,7 @@ import asyncio
 import math
 from typing import Any, AsyncIterator
 
-from sparrow_server.sglang_plugin.engine import ModelFacts
+from sparrow_server.sglang_plugin.frontend.engine import ModelFacts
 
 VOCAB = 64
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from fleet_util import wait_until as wait_for  # one poll loop for the fleet tests
+from helpers.fleet_util import wait_until as wait_for  # one poll loop for the fleet tests
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent

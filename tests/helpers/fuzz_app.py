@@ -27,9 +27,7 @@ def running_engine(tmp_path_factory) -> Iterator[ReferenceEngine]:
     try:
         yield engine
     finally:
-        with engine._cond:
-            engine._stopping = True
-            engine._cond.notify_all()
+        engine.scheduler.stop()
         torch.set_num_threads(previous)
 
 

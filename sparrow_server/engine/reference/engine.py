@@ -1,17 +1,16 @@
 """The reference engine: continuous batching over a paged KV cache on one background thread.
 
-Each loop iteration processes aborts, admits waiting requests whose pages fit (reserving
-``prompt + max_new_tokens`` tokens so an admitted request never runs out), prefills them one by
-one (dense), then runs one decode step for every running request together. Chunks go back to
-each request's asyncio queue on the caller's event loop.
+The engine is its scheduler (queues, live set, gate, step lock: ``scheduler.py``), a model runner,
+the KV cache and the loop. Each loop iteration processes aborts, admits waiting requests whose
+pages fit (reserving ``prompt + max_new_tokens`` tokens so an admitted request never runs out),
+prefills them one by one (dense), then runs one decode step for every running request together.
+Chunks go back to each request's asyncio queue on the caller's event loop.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 import torch
@@ -34,13 +33,15 @@ from sparrow_server.engine.ports import AdapterPort, LoadedAdapter, LocalModel
 from sparrow_server.engine.weights import WeightSync
 from sparrow_server.engine.reference.peft_adapters import PeftAdapterSlots
 from sparrow_server.engine.reference.attention import ForwardContext
-from sparrow_server.engine.reference.kv_cache import PagedKVCache, PageTable
+from sparrow_server.engine.reference.kv_cache import PagedKVCache
+from sparrow_server.engine.reference.live_request import LiveRequest
 from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
+from sparrow_server.engine.reference.scheduler import Scheduler
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
 from sparrow_server.sparsity.schedule import (
-    DEFAULT_PAGE_SIZE, Schedule, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
+    DEFAULT_PAGE_SIZE, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
 )
 from sparrow_server.sparsity.wire import check_page_size
 
@@ -52,32 +53,6 @@ ENGINE_NAME = "reference"
 STOP_WINDOW_SLACK = 4  # extra tokens decoded past the longest stop string (tokens of 0 whole characters)
 
 
-@dataclass
-class _Sequence:
-    """Mutable state of one live request; touched only by the loop thread after admission."""
-
-    request: GenerationRequest
-    schedule: Schedule
-    adapter: str | None
-    queue: asyncio.Queue
-    loop: asyncio.AbstractEventLoop
-    generator: torch.Generator
-    reserved_pages: int
-    table: PageTable = field(default_factory=PageTable)
-    output: list[int] = field(default_factory=list)
-    weight_version: str = DEFAULT_WEIGHT_VERSION
-    step_pages: int = 0  # this decode step's attended pages at a sparse layer (``_plan_row``)
-    step_budget: int = 0  # ... and its kv_budget_tokens
-
-    @property
-    def rid(self) -> str:
-        return self.request.rid
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.input_ids)
-
-
 class ReferenceEngine(Engine):
     """PyTorch + transformers engine with the core library's sparse decode semantics."""
 
@@ -87,7 +62,6 @@ class ReferenceEngine(Engine):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_batch_size = max_batch_size
-        self.weight_version = weight_version
         self.runner = ModelRunner(model)
         self.peft_adapters = PeftAdapterSlots()
         config = model.config
@@ -99,17 +73,16 @@ class ReferenceEngine(Engine):
         pages = -(-kv_pool_tokens // page_size) + 1  # + the null page
         self.cache = PagedKVCache(config.num_hidden_layers, pages, page_size, config.num_key_value_heads,
                                   head_dim, dtype, self.runner.device)
-        self._cond = threading.Condition()
-        self._step_lock = threading.Lock()  # held during each step; model changes take it too
-        self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._running: list[_Sequence] = []
-        self._live: dict[str, _Sequence] = {}
-        self._abort_rids: set[str] = set()
+        self.scheduler = Scheduler(self.cache, max_batch_size)
         self._thread: threading.Thread | None = None
-        self._stopping = False
         self.steps = 0
-        self.weight_sync = ReferenceWeightSync(self)  # weight updates, pause/continue; gates the loop
-        self.memory = ReferenceMemory(self)  # flush, release/resume of the KV pool, weights checker
+        # weight updates, pause/continue (sets the scheduler's gate); owns the weight version
+        self.weight_sync = ReferenceWeightSync(self.scheduler, self.runner, self.cache, weight_version)
+        self.memory = ReferenceMemory(self.scheduler, self.runner, self.cache)  # flush, release/resume, checker
+
+    @property
+    def weight_version(self) -> str:
+        return self.weight_sync.weight_version
 
     # ----- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -117,15 +90,12 @@ class ReferenceEngine(Engine):
 
     def start_thread(self) -> None:
         if self._thread is None:
-            self._stopping = False
+            self.scheduler.start()
             self._thread = threading.Thread(target=self._loop, name="sparrow-reference-engine", daemon=True)
             self._thread.start()
 
     async def shutdown(self) -> None:
-        with self._cond:
-            self._abort_rids.update(self._live)
-            self._stopping = True
-            self._cond.notify_all()
+        self.scheduler.stop()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
             self._thread = None
@@ -140,7 +110,7 @@ class ReferenceEngine(Engine):
         return self.memory
 
     def local_model(self) -> LocalModel:
-        return LocalModel(lambda: self.runner.model, self._step_lock)
+        return LocalModel(lambda: self.runner.model, self.scheduler.step_lock)
 
     def max_running_requests(self) -> int:
         return self.max_batch_size
@@ -150,12 +120,12 @@ class ReferenceEngine(Engine):
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA directory as adapter ``name`` (between steps)."""
-        with self._step_lock:
+        with self.scheduler.between_steps():
             self.runner.model = self.peft_adapters.attach(self.runner.model, name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name`` (between steps). The caller ensures no request still uses it."""
-        with self._step_lock:
+        with self.scheduler.between_steps():
             self.runner.model = self.peft_adapters.detach(self.runner.model, name)
 
     # ----- interface ---------------------------------------------------------------------
@@ -173,15 +143,13 @@ class ReferenceEngine(Engine):
         )
 
     def health(self) -> EngineHealth:
-        with self._cond:
-            queued, live = len(self._waiting), len(self._live)
+        counts = self.scheduler.counts()
         alive = self._thread is not None and self._thread.is_alive()
-        return EngineHealth(ok=alive, live_requests=live, queued_requests=queued, free_pages=self.cache.free_pages,
+        return EngineHealth(ok=alive, live_requests=counts.live, queued_requests=counts.waiting, free_pages=self.cache.free_pages,
                             total_pages=self.cache.usable_pages, detail="" if alive else "engine loop not running")
 
     def live_requests(self) -> tuple[str, ...]:
-        with self._cond:
-            return tuple(self._live)
+        return tuple(r.rid for r in self.scheduler.live())
 
     def validate(self, request: GenerationRequest) -> None:
         for i, t in enumerate(request.input_ids):
@@ -207,24 +175,19 @@ class ReferenceEngine(Engine):
         if request.top_logprobs > self.vocab_size:
             raise InvalidRequestError("top_logprobs", request.top_logprobs, f"exceeds the vocabulary ({self.vocab_size})")
         self.resolve_adapter(request.adapter)
-        if request.rid in self.live_requests():
+        if self.scheduler.is_live(request.rid):
             raise DuplicateRequestError(f"rid {request.rid!r} is already live")
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.validate(request)
-        seq = _Sequence(
+        seq = LiveRequest(
             request=request, schedule=request.schedule or dense_schedule(),
             adapter=self.resolve_adapter(request.adapter), queue=asyncio.Queue(), loop=asyncio.get_running_loop(),
             generator=make_generator(request.sampling.seed, self.runner.device),
             reserved_pages=self.cache.pages_for(len(request.input_ids) + request.sampling.max_new_tokens),
             weight_version=self.weight_version,
         )
-        with self._cond:
-            if request.rid in self._live:
-                raise DuplicateRequestError(f"rid {request.rid!r} is already live")
-            self._live[request.rid] = seq
-            self._waiting.append(seq)
-            self._cond.notify_all()
+        self.scheduler.enqueue(seq)
         finished = False
         try:
             while True:
@@ -235,57 +198,27 @@ class ReferenceEngine(Engine):
                     return
         finally:
             if not finished:
-                self._request_abort(request.rid)
+                self.scheduler.request_abort(request.rid)
 
     async def abort(self, rid: str) -> bool:
-        return self._request_abort(rid)
-
-    def _request_abort(self, rid: str) -> bool:
-        with self._cond:
-            if rid not in self._live:
-                return False
-            self._abort_rids.add(rid)
-            self._cond.notify_all()
-            return True
+        return self.scheduler.request_abort(rid)
 
     # ----- the loop (background thread) ----------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._abort_rids or self._stopping or self.weight_sync.has_work()):
-                    self._cond.wait()
-                if self._stopping and not self._live:
-                    return
-                aborts, self._abort_rids = self._abort_rids, set()
-            with self._step_lock:
-                self._apply_aborts(aborts)
-                self._admit()
-                if self._running and self.weight_sync.stepping:
-                    self._decode_isolated(list(self._running))
+        while (aborts := self.scheduler.next_step()) is not None:
+            with self.scheduler.step():
+                self.scheduler.apply_aborts(aborts)
+                for seq in self.scheduler.admit():
+                    if seq.output:  # retracted by a pause: recompute its KV; its tokens and weight version stay
+                        self._guarded([seq], lambda seqs: self._recompute(seqs[0]))
+                    else:  # stamped at admission: a request queued across an update runs on the new weights
+                        seq.weight_version = self.weight_version
+                        self._guarded([seq], lambda seqs: self._prefill(seqs[0]))
+                batch = self.scheduler.decode_batch()
+                if batch:
+                    self._decode_isolated(batch)
 
-    def _apply_aborts(self, rids: set[str]) -> None:
-        for seq in [s for s in [*self._waiting, *self._running] if s.rid in rids]:
-            self._finish(seq, FinishReason("abort", message="aborted"), (), ())
-
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self.max_batch_size and self.weight_sync.admitting \
-                and not self.cache.released:
-            seq = self._waiting[0]
-            if self.cache.free_pages - self._outstanding_reservations() < seq.reserved_pages:
-                return  # wait for pages (FIFO: no overtaking, so large requests are not starved)
-            with self._cond:
-                self._waiting.popleft()
-            self._running.append(seq)
-            if seq.output:  # retracted by a pause: recompute its KV; its tokens and weight version stay
-                self._guarded([seq], lambda seqs: self.weight_sync.resume_retracted(seqs[0]))
-            else:  # stamped at admission: a request queued across an update runs on the new weights
-                seq.weight_version = self.weight_version
-                self._guarded([seq], lambda seqs: self._prefill(seqs[0]))
-
-    def _outstanding_reservations(self) -> int:
-        return sum(s.reserved_pages - len(s.table.pages) for s in self._running)
-
-    def _guarded(self, seqs: list[_Sequence], step) -> None:
+    def _guarded(self, seqs: list[LiveRequest], step) -> None:
         """Run a step; on an exception end those requests with an error and keep serving."""
         try:
             step(seqs)
@@ -294,11 +227,11 @@ class ReferenceEngine(Engine):
             for seq in list(seqs):
                 self._fail(seq, exc)
 
-    def _fail(self, seq: _Sequence, exc: Exception) -> None:
-        if seq.rid in self._live:
-            self._finish(seq, FinishReason("error", message=f"{type(exc).__name__}: {exc}"), (), ())
+    def _fail(self, seq: LiveRequest, exc: Exception) -> None:
+        if self.scheduler.is_live(seq.rid):
+            self.scheduler.finish(seq, FinishReason("error", message=f"{type(exc).__name__}: {exc}"), (), ())
 
-    def _prefill(self, seq: _Sequence) -> None:
+    def _prefill(self, seq: LiveRequest) -> None:
         prompt = list(seq.request.input_ids)
         self.cache.allocate(seq.table, len(prompt))
         ctx = ForwardContext(self.cache, [seq.table], torch.tensor([len(prompt)], device=self.runner.device),
@@ -311,12 +244,22 @@ class ReferenceEngine(Engine):
             prompt_lps = prompt_logprobs(logits[:-1], prompt[start:], seq.request.top_logprobs)
             scored = {"prompt_logprobs": prompt_lps.logprobs, "prompt_top_logprobs": prompt_lps.top_logprobs}
         if seq.request.sampling.max_new_tokens == 0:  # scoring only (SGLang's prefill-only request)
-            self._finish(seq, FinishReason("length", length=0), (), (), extra=scored)
+            self.scheduler.finish(seq, FinishReason("length", length=0), extra=scored)
             return
         sampled = self._sample(seq, logits[-1])
         self._emit(seq, sampled, None, None, scored)
 
-    def _decode_isolated(self, seqs: list[_Sequence]) -> None:
+    def _recompute(self, seq: LiveRequest) -> None:
+        """Recompute the KV of a retracted request (prompt + all its tokens but the last, which the
+        next decode step feeds); its tokens and weight version stay."""
+        tokens = list(seq.request.input_ids) + seq.output[:-1]
+        self.cache.allocate(seq.table, len(tokens))
+        ctx = ForwardContext(self.cache, [seq.table], torch.tensor([len(tokens)], device=self.runner.device),
+                             is_prefill=True)
+        self.runner.prefill(tokens, seq.adapter, ctx)  # logits unused: the next token is already sampled
+        seq.table.length = len(tokens)
+
+    def _decode_isolated(self, seqs: list[LiveRequest]) -> None:
         """One decode step in which no request can hurt another: a failure in one request's own work
         (its budget, sampling, stop checks) ends that request alone; a failure in the shared forward
         retries the step with each request alone (writing a token's K/V again is idempotent), so only
@@ -337,7 +280,7 @@ class ReferenceEngine(Engine):
         for i, seq in enumerate(seqs):
             self._alone(seq, lambda s, i=i: self._sample_row(s, logits[i], ctx, i))
 
-    def _alone(self, seq: _Sequence, work) -> bool:
+    def _alone(self, seq: LiveRequest, work) -> bool:
         """Run one request's own part of a step; on an exception end that request with an error."""
         try:
             work(seq)
@@ -347,13 +290,13 @@ class ReferenceEngine(Engine):
             self._fail(seq, exc)
             return False
 
-    def _plan_row(self, seq: _Sequence) -> None:
+    def _plan_row(self, seq: LiveRequest) -> None:
         """Evaluate the request's schedule at this step's length (before the shared forward)."""
         length = seq.table.length + 1
         seq.step_pages = attended_pages(seq.schedule, length, seq.prompt_len)
         seq.step_budget = kv_budget_tokens(seq.schedule, length, seq.prompt_len)
 
-    def _forward(self, seqs: list[_Sequence]) -> tuple[torch.Tensor, ForwardContext]:
+    def _forward(self, seqs: list[LiveRequest]) -> tuple[torch.Tensor, ForwardContext]:
         """The shared part of a decode step: one forward for every request (K/V written, logits out)."""
         for seq in seqs:
             self.cache.allocate(seq.table, seq.table.length + 1)
@@ -368,19 +311,19 @@ class ReferenceEngine(Engine):
         self.steps += 1
         return logits, ctx
 
-    def _sample_row(self, seq: _Sequence, logits: torch.Tensor, ctx: ForwardContext, i: int) -> None:
+    def _sample_row(self, seq: LiveRequest, logits: torch.Tensor, ctx: ForwardContext, i: int) -> None:
         """One request's own part after the forward: its token, budget and recorded pages."""
         seq.table.length += 1
         sampled = self._sample(seq, logits)
         pages = _selection(ctx.selections[i], len(self.cache.k)) if ctx.record[i] else None
         self._emit(seq, sampled, seq.step_budget, pages)
 
-    def _sample(self, seq: _Sequence, logits: torch.Tensor) -> SampledToken:
+    def _sample(self, seq: LiveRequest, logits: torch.Tensor) -> SampledToken:
         params = seq.request.sampling
         return sample_token(logits, params, seq.generator, seq.request.top_logprobs, seq.output,
                             (*params.stop_token_ids, *self.eos_token_ids))
 
-    def _emit(self, seq: _Sequence, tok: SampledToken, budget: int | None, pages: PageSelection | None,
+    def _emit(self, seq: LiveRequest, tok: SampledToken, budget: int | None, pages: PageSelection | None,
               prompt_fields: dict | None = None) -> None:
         seq.output.append(tok.token_id)
         finish = self._finish_reason(seq, tok.token_id)
@@ -391,12 +334,12 @@ class ReferenceEngine(Engine):
             **(prompt_fields or {}),
         )
         if finish is None:
-            self._send(seq, self._chunk(seq, **chunk_fields))
+            seq.send(seq.chunk(**chunk_fields))
         else:
-            self._finish(seq, finish, **{k: chunk_fields[k] for k in ("token_ids", "logprobs")},
+            self.scheduler.finish(seq, finish, **{k: chunk_fields[k] for k in ("token_ids", "logprobs")},
                          extra={k: v for k, v in chunk_fields.items() if k not in ("token_ids", "logprobs")})
 
-    def _finish_reason(self, seq: _Sequence, token: int) -> FinishReason | None:
+    def _finish_reason(self, seq: LiveRequest, token: int) -> FinishReason | None:
         params = seq.request.sampling
         if token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids):
             return FinishReason("stop", matched=token)
@@ -407,7 +350,7 @@ class ReferenceEngine(Engine):
             return FinishReason("length", length=params.max_new_tokens)
         return None
 
-    def _matched_stop_string(self, seq: _Sequence) -> str | None:
+    def _matched_stop_string(self, seq: LiveRequest) -> str | None:
         """A stop string that the newest token completed. Checked every step, so only a window of the
         last tokens (longer than any stop string) is decoded."""
         stops = seq.request.sampling.stop
@@ -416,29 +359,6 @@ class ReferenceEngine(Engine):
         window = max(len(s) for s in stops) + STOP_WINDOW_SLACK
         tail = self.tokenizer.decode(seq.output[-window:], skip_special_tokens=False)
         return next((s for s in stops if s in tail), None)
-
-    def _finish(self, seq: _Sequence, reason: FinishReason, token_ids, logprobs, extra: dict | None = None) -> None:
-        """Send the last chunk, free the pages and forget the request."""
-        extra = extra or {}
-        if seq in self._running:
-            self._running.remove(seq)
-        with self._cond:
-            if seq in self._waiting:
-                self._waiting.remove(seq)
-            self._live.pop(seq.rid, None)
-        self.cache.free(seq.table)
-        self._send(seq, self._chunk(seq, token_ids=tuple(token_ids), logprobs=tuple(logprobs), finish=reason, **extra))
-
-    def _chunk(self, seq: _Sequence, **fields) -> GenerationChunk:
-        return GenerationChunk(rid=seq.rid, prompt_tokens=seq.prompt_len, completion_tokens=len(seq.output),
-                               adapter=seq.adapter, weight_version=seq.weight_version, **fields)
-
-    @staticmethod
-    def _send(seq: _Sequence, chunk: GenerationChunk) -> None:
-        try:
-            seq.loop.call_soon_threadsafe(seq.queue.put_nowait, chunk)
-        except RuntimeError:  # the caller's event loop is closed: nobody is listening
-            pass
 
 
 def _selection(per_layer: dict[int, Any], num_layers: int) -> PageSelection:

@@ -1,61 +1,58 @@
 """``engine.memory`` of the reference engine: flush the KV pool, release and rebuild it, and
-SGLang's weights checker on the serving parameters. Everything runs between loop steps (the step
-lock held) and only on an idle engine, as SGLang requires."""
+SGLang's weights checker on the serving parameters. Everything runs between loop steps (the
+scheduler's ``between_steps``) and only on an idle engine, as SGLang requires."""
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
 from sparrow_server.engine.memory import KV_CACHE, MemoryBusyError, MemoryReport, memory_tags
+from sparrow_server.engine.reference.kv_cache import PagedKVCache
+from sparrow_server.engine.reference.runner import ModelRunner
+from sparrow_server.engine.reference.scheduler import Scheduler
 from sparrow_server.engine.reference.weight_update import dense_parameters, flush_kv_cache
-
-if TYPE_CHECKING:
-    from sparrow_server.engine.reference.engine import ReferenceEngine
 
 
 class ReferenceMemory:
-    def __init__(self, engine: "ReferenceEngine"):
-        self.engine = engine
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, cache: PagedKVCache):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.cache = cache
         self._snapshot: dict[str, torch.Tensor] | None = None
 
-    def _idle(self) -> bool:
-        with self.engine._cond:
-            return not self.engine._live
-
     def flush_cache(self) -> bool:
-        with self.engine._step_lock:
-            if not self._idle():
+        with self.scheduler.between_steps():
+            if not self.scheduler.idle():
                 return False
-            if not self.engine.cache.released:
-                flush_kv_cache(self.engine.cache)
+            if not self.cache.released:
+                flush_kv_cache(self.cache)
             return True
 
     def release_memory(self, tags: Sequence[str]) -> MemoryReport:
         """Free the KV pool and landmarks (tag ``kv_cache``); new requests wait until resumed.
         Weights stay in memory: this engine has no memory saver."""
         tags = memory_tags(tags)
-        with self.engine._step_lock:
-            if not self._idle():
+        with self.scheduler.between_steps():
+            if not self.scheduler.idle():
                 raise MemoryBusyError("release_memory_occupation needs an idle server: requests are live")
             if KV_CACHE in tags:
-                self.engine.cache.release()
+                self.cache.release()
         return _report(tags)
 
     def resume_memory(self, tags: Sequence[str]) -> MemoryReport:
         tags = memory_tags(tags)
-        with self.engine._step_lock:
+        with self.scheduler.between_steps():
             if KV_CACHE in tags:
-                self.engine.cache.restore()
-        with self.engine._cond:
-            self.engine._cond.notify_all()  # queued requests may run now
+                self.cache.restore()
+        self.scheduler.wake()  # queued requests may run now
         return _report(tags)
 
     def check_weights(self, action: str) -> dict[str, Any] | None:
         """SGLang 0.5.17's ``WeightChecker`` actions on the base parameters (LoRA tensors left out)."""
-        with self.engine._step_lock:
-            params = dense_parameters(self.engine.runner.model)
+        with self.scheduler.between_steps():
+            params = dense_parameters(self.runner.model)
             if action == "checksum":
                 return _checksum(params)
             if action == "snapshot":

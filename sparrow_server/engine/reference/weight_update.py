@@ -1,11 +1,11 @@
 """Weight updates and pause/continue for the reference engine (``engine.weight_sync``).
 
-The batch loop (``ReferenceEngine._loop``) asks this object, between steps, whether it may admit
-requests (``admitting``) and run decode steps (``stepping``). An update:
+This object drives the scheduler's gate (may it admit requests, ``admitting``; may it run decode
+steps, ``stepping``) and works on the queues only through the scheduler's verbs. An update:
 1. loads the new checkpoint into a fresh model and checks it has the serving model's config and
    parameter names and shapes (old weights keep serving meanwhile; any problem -> ``WeightLoadError``);
 2. stops admission, aborts live requests if asked, waits until no request holds KV;
-3. with the loop stopped (step lock held): copies the new tensors into the serving parameters
+3. between steps (the scheduler's step lock held): copies the new tensors into the serving parameters
    (shapes checked, so the copy cannot fail half-way; LoRA adapters stay attached), zeroes the KV
    pool and the landmark side cache, sets ``weight_version``, aborts retracted requests (their
    tokens come from the old weights);
@@ -26,14 +26,15 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from sparrow_server.engine.base import FinishReason
 from sparrow_server.engine.checkpoint_preflight import config_mismatch, config_view, shapes_mismatch
-from sparrow_server.engine.reference.attention import ForwardContext
 from sparrow_server.engine.reference.kv_cache import PagedKVCache
+from sparrow_server.engine.reference.runner import ModelRunner
+from sparrow_server.engine.reference.scheduler import Scheduler
 from sparrow_server.engine.weights import (
     DEFAULT_PAUSE_MODE,
     PAUSE_ABORT,
@@ -48,9 +49,6 @@ from sparrow_server.engine.weights import (
     check_pause_mode,
     next_weight_version,
 )
-
-if TYPE_CHECKING:
-    from sparrow_server.engine.reference.engine import ReferenceEngine
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +119,18 @@ def flush_kv_cache(cache: PagedKVCache) -> None:
 
 # ----- the engine's controller ------------------------------------------------------------------
 class ReferenceWeightSync:
-    """``WeightSync`` of a ``ReferenceEngine``. Gate fields change under the engine's condition
-    and are read by the loop thread; control calls are serialised by an asyncio lock."""
+    """``WeightSync`` of a ``ReferenceEngine``; owns its weight version. Control calls are
+    serialised by an asyncio lock; the gate they set is the scheduler's."""
 
-    def __init__(self, engine: "ReferenceEngine"):
-        self.engine = engine
+    def __init__(self, scheduler: Scheduler, runner: ModelRunner, cache: PagedKVCache, weight_version: str):
+        self.scheduler = scheduler
+        self.runner = runner
+        self.cache = cache
+        self.weight_version = weight_version
         self.mode: str | None = None  # pause mode, None = generating
         self.updating = False
         self._control: asyncio.Lock | None = None
 
-    # ----- read by the loop thread ------------------------------------------------------------
     @property
     def admitting(self) -> bool:
         return self.mode is None and not self.updating
@@ -139,38 +139,18 @@ class ReferenceWeightSync:
     def stepping(self) -> bool:
         return self.mode != PAUSE_IN_PLACE
 
-    def has_work(self) -> bool:
-        """Whether the loop has a step to run (called under the engine's condition)."""
-        e = self.engine
-        return bool((e._waiting and self.admitting and not e.cache.released) or (e._running and self.stepping))
-
-    def resume_retracted(self, seq: Any) -> None:
-        """Recompute the KV of a retracted request (prompt + all its tokens but the last, which the
-        next decode step feeds); its tokens and weight version stay."""
-        e = self.engine
-        tokens = list(seq.request.input_ids) + seq.output[:-1]
-        e.cache.allocate(seq.table, len(tokens))
-        ctx = ForwardContext(e.cache, [seq.table], torch.tensor([len(tokens)], device=e.runner.device), is_prefill=True)
-        e.runner.prefill(tokens, seq.adapter, ctx)  # logits unused: the next token is already sampled
-        seq.table.length = len(tokens)
-
     # ----- WeightSync ---------------------------------------------------------------------------
-    @property
-    def weight_version(self) -> str:
-        return self.engine.weight_version
-
     def pause_state(self) -> PauseState:
-        e = self.engine
-        with e._cond:
-            return PauseState(self.mode, len(e._running), len(e._waiting))
+        counts = self.scheduler.counts()
+        return PauseState(self.mode, counts.running, counts.waiting)
 
     async def pause_generation(self, mode: str = DEFAULT_PAUSE_MODE) -> PauseState:
         check_pause_mode(mode)
         async with self._lock():
             self._set(mode=mode)
-            aborted = self._abort_live() if mode == PAUSE_ABORT else ()
-            await self._in_loop_pause(self._retract if mode == PAUSE_RETRACT else None)
-            await self._until(lambda: not (set(aborted) & set(self.engine._live)))
+            aborted = self.scheduler.abort_all() if mode == PAUSE_ABORT else ()
+            await self._in_loop_pause(self.scheduler.retract if mode == PAUSE_RETRACT else None)
+            await self._until(lambda: not self.scheduler.any_live(aborted))
         return self.pause_state()
 
     async def continue_generation(self) -> PauseState:
@@ -179,26 +159,26 @@ class ReferenceWeightSync:
         return self.pause_state()
 
     async def update_weights_from_disk(self, update: WeightUpdate) -> WeightUpdateResult:
-        e = self.engine
         async with self._lock():
             started = time.monotonic()
             candidate = await self._in_thread(load_candidate, update.model_path, update.load_format,
-                                              next(e.runner.model.parameters()).dtype, e.runner.device)
-            problem = architecture_mismatch(e.runner.model, candidate)
+                                              next(self.runner.model.parameters()).dtype, self.runner.device)
+            problem = architecture_mismatch(self.runner.model, candidate)
             if problem:
                 raise WeightLoadError("model_path", update.model_path, problem)
             loaded = time.monotonic()
             self._set(updating=True)
             swap = None
             try:
-                if self.mode == PAUSE_IN_PLACE and e._running and not update.abort_all_requests:
+                running = self.scheduler.counts().running
+                if self.mode == PAUSE_IN_PLACE and running and not update.abort_all_requests:
                     raise WeightSyncConflictError(
-                        f"generation is paused in_place with {len(e._running)} running requests whose KV comes from "
+                        f"generation is paused in_place with {running} running requests whose KV comes from "
                         "the old weights: continue_generation first, pause with mode abort or retract, "
                         "or set abort_all_requests")
-                aborted = self._abort_live() if update.abort_all_requests else ()
-                while swap is None:  # an admission racing the gate can add one last request
-                    await self._until(lambda: not e._running and not (set(aborted) & set(e._live)))
+                aborted = self.scheduler.abort_all() if update.abort_all_requests else ()
+                while swap is None:  # re-checked between steps (the gate closed before the drain: one pass)
+                    await self._until(lambda: not self.scheduler.any_running() and not self.scheduler.any_live(aborted))
                     drained = time.monotonic()
                     swap = await self._in_thread(self._swap_if_idle, candidate, update)
             finally:
@@ -217,64 +197,43 @@ class ReferenceWeightSync:
         return self._control
 
     def _set(self, **fields: Any) -> None:
-        with self.engine._cond:
-            for name, value in fields.items():
-                setattr(self, name, value)
-            self.engine._cond.notify_all()
-
-    def _abort_live(self) -> tuple[str, ...]:
-        rids = self.engine.live_requests()
-        for rid in rids:
-            self.engine._request_abort(rid)
-        return rids
+        for name, value in fields.items():
+            setattr(self, name, value)
+        self.scheduler.set_gate(admitting=self.admitting, stepping=self.stepping)
 
     async def _in_thread(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def _until(self, predicate: Callable[[], bool]) -> None:
-        while True:
-            with self.engine._cond:
-                if predicate():
-                    return
+        while not predicate():
             await asyncio.sleep(POLL_S)
 
     async def _in_loop_pause(self, action: Callable[[], None] | None) -> None:
         """Wait for the step in progress to end (later steps see the new gate), then run ``action``."""
         def between_steps() -> None:
-            with self.engine._step_lock:
+            with self.scheduler.between_steps():
                 if action is not None:
                     action()
 
         await self._in_thread(between_steps)
 
-    def _retract(self) -> None:
-        """Free the running requests' KV and put them back in front of the queue (step lock held)."""
-        e = self.engine
-        running, e._running = e._running, []
-        for seq in running:
-            e.cache.free(seq.table)
-        with e._cond:
-            e._waiting.extendleft(reversed(running))
-
     def _swap_if_idle(self, candidate: Any, update: WeightUpdate):
         """Swap the weights in if no request holds KV (else None: drain again)."""
-        e = self.engine
-        with e._step_lock:
-            if e._running:
+        with self.scheduler.between_steps():
+            if self.scheduler.any_running():
                 return None
             started = time.monotonic()
-            copy_weights(e.runner.model, candidate)
+            copy_weights(self.runner.model, candidate)
             if update.flush_cache:
-                flush_kv_cache(e.cache)
-            previous = e.weight_version
-            e.weight_version = update.weight_version or next_weight_version(previous)
-            with e._cond:  # retracted requests hold old-weight tokens: continuing them would mix versions
-                retracted = [s for s in e._waiting if s.output]
+                flush_kv_cache(self.cache)
+            previous = self.weight_version
+            self.weight_version = update.weight_version or next_weight_version(previous)
+            retracted = self.scheduler.retracted()  # old-weight tokens: continuing them would mix versions
             for seq in retracted:
-                e._finish(seq, FinishReason("abort", message=(
-                    f"weights updated to {e.weight_version} while this request was retracted; its tokens come "
-                    f"from {seq.weight_version}: resubmit it")), (), ())
-            return e.weight_version, previous, len(retracted), len(retracted), time.monotonic() - started
+                self.scheduler.finish(seq, FinishReason("abort", message=(
+                    f"weights updated to {self.weight_version} while this request was retracted; its tokens come "
+                    f"from {seq.weight_version}: resubmit it")))
+            return self.weight_version, previous, len(retracted), len(retracted), time.monotonic() - started
 
 
 __all__ = [

@@ -1,0 +1,256 @@
+"""The ``sparrow`` attention backend: FlashInfer prefill, block-sparse FlashInfer decode.
+
+A thin adapter over SGLang's ``FlashInferAttnBackend``:
+- extend (prefill) and the server's dense layers (the default schedule's, fixed at start) run the
+  stock FlashInfer paths unchanged;
+- per decode step, ``planning.plan_step`` turns each request's schedule and length into page
+  counts on the host (no device sync) and one FlashInfer plan with one row per
+  (request, KV head), G query heads, page size 16, over a per-head strided view of the pool;
+- per sparse layer, inside the CUDA graph, two Triton launches (``kernels.sparse_decode``) whose
+  work follows each request's page count (not ``--context-length``): ``page_scores`` (landmark
+  scoring, the landmark of the page this step completes folded in), then ``select_and_write``
+  (exact radix-select top-k, the row's scores held in registers when they fit, else streamed,
+  fused with writing the FlashInfer page ids into the wrapper's index buffer); then FlashInfer
+  decode over the selected pages.
+Landmarks (mean post-RoPE key per page and KV head) live in a side cache per sparse layer,
+sized at backend creation from the KV pool, inside the memory saver's ``kv_cache`` region
+(``landmarks.kv_cache_region``).
+
+Tensor parallelism: each TP rank's scheduler process builds its own backend over its own KV pool,
+whose heads are the rank's (``get_num_kv_heads(attn_tp_size)``); every count here (rows,
+landmarks, group size) is that rank's, and the plan's per-request fields depend on no rank, so
+every rank runs the same budgets and selects for its own heads (``planning.rank_plan``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from flashinfer import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend, KVWriteLoc
+
+from sparrow_server.kernels import sparse_decode as K
+from sparrow_server.sglang_plugin.scheduler import state
+from sparrow_server.sglang_plugin.config import PAGE_SIZE
+from sparrow_server.sglang_plugin.scheduler.hooks import ROWS_ATTR
+from sparrow_server.sglang_plugin.scheduler.planning import (
+    REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step, rank_kv_heads,
+)
+from sparrow_server.sglang_plugin.scheduler.selection_debug import recorder_from_env
+from sparrow_server.sglang_plugin.scheduler.landmarks import kv_cache_region
+
+logger = logging.getLogger(__name__)
+
+LOG_EVERY = 500  # decode steps between sparsity log lines
+
+
+def _rank_heads(model_runner, local_heads: int) -> tuple[int, ...]:
+    """Global KV heads of this attention-TP rank (its pool holds ``local_heads``), checked against
+    SGLang's own split so a partition we do not mirror fails at start, not in the selections."""
+    from sglang.srt.runtime_context import get_parallel
+
+    par = get_parallel()
+    total = model_runner.model_config.get_total_num_kv_heads()
+    heads = rank_kv_heads(total, par.attn_tp_size, par.attn_tp_rank)
+    if len(heads) != local_heads:
+        raise RuntimeError(f"sparrow: TP rank {par.attn_tp_rank}/{par.attn_tp_size} holds {local_heads} of {total} "
+                           f"KV heads; expected {len(heads)}")
+    return heads
+
+
+@dataclass
+class _Step:
+    """Device-side view of one decode step's plan, consumed by every sparse layer."""
+
+    plan: StepPlan
+    fields: dict            # REQUEST_FIELDS -> int32 [bs] device tensors
+    row_indptr: torch.Tensor
+    indices: torch.Tensor   # int32 FlashInfer page ids (the wrapper's buffer)
+    scores: torch.Tensor    # [bs * Hkv, Pcap] float32 (each row read on its candidate range only)
+    wrapper: BatchDecodeWithPagedKVCacheWrapper
+    rows: np.ndarray        # host: KV row of each request (for the selection debug hook)
+    lengths: np.ndarray     # host: tokens attended by each request this step
+    real_bs: int
+
+
+class SparrowAttnBackend(FlashInferAttnBackend):
+    def __init__(self, model_runner):
+        super().__init__(model_runner, init_new_workspace=model_runner.init_new_workspace)
+        cfg = state.config()
+        if self.page_size != PAGE_SIZE:
+            raise ValueError(f"--page-size={self.page_size}: the sparrow backend needs --page-size {PAGE_SIZE}")
+        upd = self.indices_updater_decode
+        self.num_kv_heads, self.num_qo_heads, self.head_dim = upd.num_kv_heads, upd.num_qo_heads, upd.head_dim
+        self.group = self.num_qo_heads // self.num_kv_heads
+        self.kv_heads = _rank_heads(model_runner, self.num_kv_heads)  # global ids, this TP rank's
+        self.q_dtype, self.kv_dtype = upd.q_data_type, upd.data_type
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.table = state.table(self.req_to_token.shape[0])
+        self.pcap = math.ceil(self.max_context_len / self.page_size)
+        self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
+        pool = self.token_to_kv_pool
+        first, n_layers = pool.start_layer, pool.layer_num
+        dense = set(self.table.default.dense_layers)
+        lm_dtype = getattr(torch, cfg.landmark_dtype)
+        n_slots = pool.get_key_buffer(first).shape[0]
+        with kv_cache_region(model_runner):  # released and resumed with the KV pool (memory saver)
+            self.landmarks = {
+                layer: torch.zeros(n_slots // self.page_size, self.num_kv_heads, self.head_dim,
+                                   dtype=lm_dtype, device=model_runner.device)
+                for layer in range(first, first + n_layers) if layer not in dense
+            }
+        self.eager_wrapper = BatchDecodeWithPagedKVCacheWrapper(self.workspace_buffer, "NHD", backend="fa2")
+        self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
+        self.step: _Step | None = None
+        self._warned: set[str] = set()
+        self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads,  # None unless debugging
+                                                    heads=self.kv_heads)
+        lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
+        logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
+                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d", len(self.landmarks),
+                    sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap, self.num_kv_heads,
+                    list(self.kv_heads), self.group)
+
+    # ---- CUDA graph state -------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
+        super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
+        rows = max_bs * self.num_kv_heads
+        self.g_layout = packed_layout(max_bs, self.num_kv_heads)
+        self.g_meta = torch.zeros(self.g_layout["_total"][1], dtype=torch.int32, device="cuda")
+        self.g_indices = torch.zeros(rows * self.pcap, dtype=torch.int32, device="cuda")
+        self.g_scores = torch.empty(rows, self.pcap, dtype=torch.float32, device="cuda")
+
+    def _view(self, meta, layout, name, n):
+        start, _ = layout[name]
+        return meta[start:start + n]
+
+    # ---- per-step planning (host) -----------------------------------------------------------
+    def init_forward_metadata(self, forward_batch):
+        super().init_forward_metadata(forward_batch)
+        self._plan(forward_batch, graph=False, in_capture=False)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        self._plan(forward_batch, graph=True, in_capture=in_capture)
+
+    def _warn_once(self, key: str, msg: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(msg)
+
+    def _host_inputs(self, fb, bs: int, in_capture: bool):
+        rows = getattr(fb, ROWS_ATTR, None)
+        if rows is None:
+            if in_capture:
+                rows = []
+            else:
+                self._warn_once("rows", "sparrow: no host KV rows on the batch (hook missing?); reading them from the GPU")
+                rows = fb.req_pool_indices[:bs].tolist()
+        rows = np.asarray(list(rows)[:bs] + [0] * (bs - min(len(rows), bs)), dtype=np.int64)
+        if fb.seq_lens_cpu is not None:
+            lengths = fb.seq_lens_cpu[:bs].numpy()
+        else:
+            self._warn_once("lens", "sparrow: no seq_lens_cpu; reading lengths from the GPU")
+            lengths = fb.seq_lens[:bs].cpu().numpy()
+        return rows, lengths.astype(np.int64)
+
+    def _log_step(self, plan: StepPlan, lengths: np.ndarray, real_bs: int) -> None:
+        """Every LOG_EVERY steps: attended vs total tokens per request (evidence of sparsity in the log)."""
+        self._steps = getattr(self, "_steps", 0) + 1
+        if self._steps % LOG_EVERY == 0 and real_bs > 0:
+            logger.info("sparrow step %d: batch %d, mean attended tokens/request/sparse layer %.0f of %.0f",
+                        self._steps, real_bs, plan.budget_tokens[:real_bs].mean(), lengths[:real_bs].mean())
+
+    def _plan(self, fb, graph: bool, in_capture: bool) -> None:
+        if not fb.forward_mode.is_decode_or_idle() or fb.batch_size == 0 or fb.forward_mode.is_idle():
+            self.step = None
+            return
+        bs = fb.batch_size
+        rows, lengths = self._host_inputs(fb, bs, in_capture)
+        real_bs = bs - int(getattr(fb, "num_padding", 0) or 0)
+        if self.selection_recorder is not None:
+            self.selection_recorder.flush()
+        schedules = [self.table.schedule_of(int(r)) for r in rows]
+        plan = plan_step(schedules, lengths, self.table.prompt_len[rows], self.num_kv_heads, self.page_size,
+                         self.topk_cap)
+        if not in_capture:
+            self.table.record_step(rows, plan.budget_tokens)
+            self._log_step(plan, lengths, real_bs)
+            if plan.clamped:
+                self.table.clamped_steps += plan.clamped
+                self._warn_once("clamp", f"sparrow: a budget exceeds the top-k cap of {self.topk_cap} pages; "
+                                         "clamped (raise SPARROW_TOPK_CAP_TOKENS)")
+        nrows = bs * self.num_kv_heads
+        if graph:
+            layout, meta = self.g_layout, self.g_meta
+            indices, scores = self.g_indices, self.g_scores[:nrows]
+        else:
+            layout = packed_layout(bs, self.num_kv_heads)
+            meta = torch.empty(layout["_total"][1], dtype=torch.int32, device="cuda")
+            indices = torch.empty(max(plan.total_pages, 1), dtype=torch.int32, device="cuda")
+            scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
+        meta.copy_(torch.from_numpy(pack(plan, layout)), non_blocking=True)
+        fields = {f: self._view(meta, layout, f, bs) for f in REQUEST_FIELDS}
+        row_indptr = self._view(meta, layout, "row_indptr", nrows + 1)
+        last_page_len = self._view(meta, layout, "last_page_len", nrows)
+        indptr_host = torch.from_numpy(plan.row_indptr)
+        plan_args = (self.group, 1, self.head_dim, self.page_size)
+        plan_kwargs = dict(data_type=self.kv_dtype, q_data_type=self.q_dtype, non_blocking=True)
+        if not graph:
+            wrapper = self.eager_wrapper
+            wrapper.plan(indptr_host, indices, torch.from_numpy(plan.last_page_len), *plan_args, **plan_kwargs)
+        elif in_capture:
+            wrapper = BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace_buffer, "NHD", backend="fa2", use_cuda_graph=True,
+                paged_kv_indptr_buffer=row_indptr, paged_kv_indices_buffer=indices,
+                paged_kv_last_page_len_buffer=last_page_len)
+            wrapper.plan(indptr_host, indices[:max(plan.total_pages, 1)], torch.from_numpy(plan.last_page_len),
+                         *plan_args, **plan_kwargs)
+            wrapper.begin_forward = partial(fast_decode_plan, wrapper)
+            self.graph_wrappers[bs] = wrapper
+        else:
+            wrapper = self.graph_wrappers[bs]
+            wrapper.begin_forward(row_indptr, indices, last_page_len, *plan_args, fixed_split_size=None,
+                                  disable_split_kv=False, global_override_indptr_cpu=indptr_host, **plan_kwargs)
+        self.step = _Step(plan, fields, row_indptr, indices, scores, wrapper, rows, lengths, real_bs)
+
+    # ---- layers -----------------------------------------------------------------------------
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        lm = self.landmarks.get(layer.layer_id)
+        if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:
+            k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+            K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True)
+        return o
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
+        lm = self.landmarks.get(layer.layer_id)
+        step = self.step
+        if lm is None or step is None or layer.is_cross_attention:
+            return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        cache_loc = forward_batch.out_cache_loc
+        pool = self.token_to_kv_pool
+        if k is not None and save_kv_cache:
+            pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
+                               *self._kv_write_scales(layer))
+        k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        q3 = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+        rpi = forward_batch.req_pool_indices
+        f = step.fields
+        K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores,
+                      k_buf=k_buf, cache_loc=cache_loc)
+        K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
+                           f["cand_lo"], f["cand_hi"], step.row_indptr, self.num_kv_heads, self.page_size,
+                           step.indices)
+        if self.selection_recorder is not None:
+            self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
+                                           step.plan.row_indptr, step.indices, self.req_to_token, step.real_bs)
+        kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
+        o = step.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
+                                 logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
+                                 v_scale=layer.v_scale_float)
+        return o.view(-1, layer.tp_q_head_num * layer.head_dim)

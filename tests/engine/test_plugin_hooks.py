@@ -1,0 +1,79 @@
+"""The plug-in's hook targets exist in the installed SGLang (skipped without SGLang), and ``register()``
+wires both halves of the plug-in (on stand-in SGLang modules)."""
+from __future__ import annotations
+
+import pkgutil
+
+import pytest
+
+from sparrow_server.sglang_plugin.frontend import weight_preflight
+from sparrow_server.sglang_plugin.scheduler import hooks, landmarks
+
+
+@pytest.mark.parametrize("target", [hooks.ALLOC_TARGET, hooks.INIT_NEW_TARGET, hooks.REPLAY_VIEW_TARGET,
+                                    landmarks.FLUSH_TARGET, weight_preflight.PREFLIGHT_TARGET])
+def test_hook_target_resolves(target):
+    pytest.importorskip("sglang", reason="SGLang not installed (CPU CI); the GPU runs exercise the hooks")
+    obj_path, attr = target.rsplit(".", 1)
+    assert hasattr(pkgutil.resolve_name(obj_path), attr)
+
+
+def test_hooks_install_registers_three_targets():
+    seen = []
+
+    class _Registry:
+        @staticmethod
+        def register(target, hook, hook_type):
+            seen.append((target, hook_type))
+
+    class _Types:
+        AFTER, AROUND = "after", "around"
+
+    hooks.install(_Registry, _Types)
+    assert seen == [(hooks.ALLOC_TARGET, "after"), (hooks.INIT_NEW_TARGET, "after"),
+                    (hooks.REPLAY_VIEW_TARGET, "around")]
+
+
+def _stand_in_sglang(monkeypatch, choices: list[str]) -> tuple[dict, list]:
+    """Stand-ins for the three SGLang modules ``register()`` imports: the attention registry, the
+    hook registry and the server args' backend choices. Returns (backends, hooks registered)."""
+    import sys
+    import types
+
+    backends: dict = {}
+    registered: list = []
+    modules = {
+        "sglang.srt.layers.attention.attention_registry": {
+            "register_attention_backend": lambda name: lambda fn: backends.setdefault(name, fn)},
+        "sglang.srt.plugins.hook_registry": {
+            "HookRegistry": types.SimpleNamespace(register=lambda target, hook, kind: registered.append((target, kind))),
+            "HookType": types.SimpleNamespace(AFTER="after", AROUND="around")},
+        "sglang.srt.server_args": {"ATTENTION_BACKEND_CHOICES": choices,
+                                   "add_attention_backend_choices": choices.extend},
+    }
+    for dotted, attrs in modules.items():
+        parts = dotted.split(".")
+        for i in range(1, len(parts)):  # the parent packages, so the import machinery finds the leaf
+            monkeypatch.setitem(sys.modules, ".".join(parts[:i]), types.ModuleType(".".join(parts[:i])))
+    for dotted, attrs in modules.items():
+        module = types.ModuleType(dotted)
+        module.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, dotted, module)
+    return backends, registered
+
+
+def test_register_installs_the_backend_and_both_halves_hooks(monkeypatch):
+    """The entry point wires the scheduler half (backend, side-table hooks, landmark flush) and the
+    frontend half (checkpoint preflight), and adds the backend to the CLI choices once."""
+    import sparrow_server.sglang_plugin as plugin
+    from sparrow_server.sglang_plugin import scheduler
+
+    choices = ["flashinfer"]
+    backends, registered = _stand_in_sglang(monkeypatch, choices)
+    plugin.register()
+    plugin.register()  # a second call in one process does not add the choice twice
+    assert backends == {"sparrow": scheduler.create_backend} and choices == ["flashinfer", "sparrow"]
+    once = [(hooks.ALLOC_TARGET, "after"), (hooks.INIT_NEW_TARGET, "after"), (hooks.REPLAY_VIEW_TARGET, "around"),
+            (landmarks.FLUSH_TARGET, "after"), (landmarks.RESUME_TARGET, "after"),
+            (weight_preflight.PREFLIGHT_TARGET, "around")]
+    assert registered == once + once
