@@ -1,10 +1,14 @@
 """Autopilot demonstration on the embedded model (CPU): two copies of a schedule, one far too tight and
 one far too loose, steered live by the server's autopilot while rollouts run with sampled dense
 verification. Writes ``autopilot.json`` (every snapshot: version, budgets, per-bin evidence) and the
-rollouts' lengths, then ``report`` turns it into plots and the attended-token cost comparison.
+rollouts' lengths, then ``report`` turns it into plots and the attended-token cost comparison
+(``kv_budget_tokens`` per decode step, the engines' own count). With ``--start-budgets`` one schedule
+starts from given budgets, for a weight update (``--weights``) or, with ``--publish-adapter``, a
+DistillSparse adapter published mid-run next to a control schedule that never uses it.
 
     PYTHONPATH=. python benchmarks/autopilot/run.py run --out benchmarks/results/autopilot --minutes 28
     PYTHONPATH=. python benchmarks/autopilot/run.py report --out benchmarks/results/autopilot
+    (the weight-update and DistillSparse commands: benchmarks/results/autopilot/README.md)
 """
 from __future__ import annotations
 
