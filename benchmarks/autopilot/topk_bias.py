@@ -19,6 +19,7 @@ evidence, for the CPU arrays and for the H200 study's (``cross_engine.tokens.npz
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -92,7 +93,7 @@ def run_cpu(args: argparse.Namespace) -> None:
     from sparrow_server.engine.reference import ReferenceEngine
     from sparrow_server.models import load_model
     from sparrow_server.monitor.scoring import HFScorer
-    from sparrow_server.sparsity.schedule import Schedule, dense_schedule
+    from sparrow_server.sparsity.schedule import dense_schedule
 
     torch.set_num_threads(args.threads)
     loaded = load_model(None)
@@ -103,8 +104,7 @@ def run_cpu(args: argparse.Namespace) -> None:
         p = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
                                     tokenize=True, return_dict=False)
         prompts.append(tuple(p["input_ids"] if isinstance(p, dict) else p))
-    schedules = {b: Schedule(name=f"fixed-{b}", budgets_tokens=(b,), page_size=PAGE, dense_layers=DENSE_LAYERS,
-                             bin_tokens=args.bin_tokens) for b in args.budgets}
+    schedules = {b: fixed_schedule(b, args.bin_tokens) for b in args.budgets}
     schedules[0] = dense_schedule()
     engine = ReferenceEngine(loaded.model, tok, "smollm2", kv_pool_tokens=len(schedules) * len(prompts) * 400,
                              max_batch_size=len(schedules) * len(prompts))
@@ -235,9 +235,24 @@ def bound_target_sweep(sets, bin_tokens: int, targets, margin: float, confidence
 
 
 def attended(budgets: dict[int, float], lengths: np.ndarray, bin_tokens: int) -> float:
-    """Mean KV tokens a sparse layer attends per generated token: min(budget of its bin, length)."""
-    per = np.array([budgets.get(int(b), np.inf) for b in lengths // bin_tokens])
-    return float(np.minimum(per, lengths).mean())
+    """Mean KV tokens a sparse layer attends per generated token: ``kv_budget_tokens`` (the engines' one
+    definition) under a fixed schedule at its bin's settled budget; the whole length where none (dense)."""
+    from sparrow_server.sparsity.schedule import kv_budget_tokens
+
+    def one(length: int) -> int:
+        budget = budgets.get(length // bin_tokens, np.inf)
+        return length if np.isinf(budget) else kv_budget_tokens(fixed_schedule(int(budget), bin_tokens), length)
+
+    return float(np.mean([one(int(n)) for n in lengths]))
+
+
+@functools.lru_cache(maxsize=None)
+def fixed_schedule(budget: int, bin_tokens: int):
+    """The fixed-budget schedule of this study's grid (page 16, default sink/recent, layers 0-1 dense)."""
+    from sparrow_server.sparsity.schedule import Schedule
+
+    return Schedule(name=f"fixed-{budget}", budgets_tokens=(budget,), page_size=PAGE, dense_layers=DENSE_LAYERS,
+                    bin_tokens=bin_tokens)
 
 
 def map_robustness(rows: list[dict]) -> dict:
