@@ -48,7 +48,8 @@ def pilot_config(args) -> dict:
 def plan_of(args) -> dict[str, list[int]]:
     """The steered schedules and their start budgets."""
     if not args.start_budgets:
-        return starts(args.bins, args.loose_tokens)
+        plan = starts(args.bins, args.loose_tokens)
+        return {name: plan[name] for name in (args.only or plan)}
     budgets = [int(b) for b in args.start_budgets.split(",")]
     if args.publish_adapter:  # the adapter's schedule, and a copy never served with it (the control)
         return {DISTILL: budgets, CONTROL: list(budgets)}
@@ -338,6 +339,8 @@ def main() -> int:
     r.add_argument("--concurrency", type=int, default=6, help="rollouts in flight per schedule")
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--snapshot-s", type=float, default=30)
+    r.add_argument("--only", choices=(TIGHT, LOOSE), nargs="+", default=None,
+                   help="steer only these of the two default starts (the other's rollouts then leave it the CPU)")
     r.add_argument("--start-budgets", default=None, help="steer one schedule from these budgets instead")
     r.add_argument("--weights", default=None, help="a checkpoint to update the weights to during the run")
     r.add_argument("--update-at-min", type=float, default=3.0)
@@ -352,6 +355,8 @@ def main() -> int:
     s.add_argument("--out", required=True)
     s.set_defaults(func=report)
     args = p.parse_args()
+    if args.cmd == "run" and args.only and args.start_budgets:
+        p.error("--only picks among the default starts; it does not combine with --start-budgets")
     if args.cmd == "run" and args.publish_adapter and not args.start_budgets:
         p.error("--publish-adapter needs --start-budgets (the budgets the adapter was trained for)")
     return args.func(args)
