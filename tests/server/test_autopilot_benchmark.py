@@ -57,3 +57,12 @@ def test_report_cost_equals_the_servers_kv_budget_tokens(model_dir, tmp_path):
     # The old count, min(budget, length), is larger on sparse steps whose last page is partial.
     old = sum(min(budget_tokens(schedule, n), n) for n in lengths) / len(lengths)
     assert old > bench.attended_cost(schedule, lengths)
+
+
+def test_only_steers_the_named_default_start():
+    import argparse
+
+    args = argparse.Namespace(start_budgets=None, bins=4, loose_tokens=256, only=[bench.TIGHT], publish_adapter=None)
+    assert bench.plan_of(args) == {bench.TIGHT: [64, 64, 64, 64]}
+    args.only = None
+    assert bench.plan_of(args) == {bench.TIGHT: [64] * 4, bench.LOOSE: [256] * 4}
