@@ -120,12 +120,12 @@ class ReferenceEngine(Engine):
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load a PEFT LoRA directory as adapter ``name`` (between steps)."""
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             self.runner.model = self.peft_adapters.attach(self.runner.model, name, path)
 
     def unload_adapter(self, name: str) -> None:
         """Unload adapter ``name`` (between steps). The caller ensures no request still uses it."""
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             self.runner.model = self.peft_adapters.detach(self.runner.model, name)
 
     # ----- interface ---------------------------------------------------------------------
@@ -206,7 +206,7 @@ class ReferenceEngine(Engine):
     # ----- the loop (background thread) ----------------------------------------------------
     def _loop(self) -> None:
         while (aborts := self.scheduler.next_step()) is not None:
-            with self.scheduler.step():
+            with self.scheduler.step_lock:
                 self.scheduler.apply_aborts(aborts)
                 for seq in self.scheduler.admit():
                     if seq.output:  # retracted by a pause: recompute its KV; its tokens and weight version stay

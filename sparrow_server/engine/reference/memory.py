@@ -1,6 +1,6 @@
 """``engine.memory`` of the reference engine: flush the KV pool, release and rebuild it, and
 SGLang's weights checker on the serving parameters. Everything runs between loop steps (the
-scheduler's ``between_steps``) and only on an idle engine, as SGLang requires."""
+scheduler's ``step_lock``) and only on an idle engine, as SGLang requires."""
 from __future__ import annotations
 
 import hashlib
@@ -23,7 +23,7 @@ class ReferenceMemory:
         self._snapshot: dict[str, torch.Tensor] | None = None
 
     def flush_cache(self) -> bool:
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             if not self.scheduler.idle():
                 return False
             if not self.cache.released:
@@ -34,7 +34,7 @@ class ReferenceMemory:
         """Free the KV pool and landmarks (tag ``kv_cache``); new requests wait until resumed.
         Weights stay in memory: this engine has no memory saver."""
         tags = memory_tags(tags)
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             if not self.scheduler.idle():
                 raise MemoryBusyError("release_memory_occupation needs an idle server: requests are live")
             if KV_CACHE in tags:
@@ -43,7 +43,7 @@ class ReferenceMemory:
 
     def resume_memory(self, tags: Sequence[str]) -> MemoryReport:
         tags = memory_tags(tags)
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             if KV_CACHE in tags:
                 self.cache.restore()
         self.scheduler.wake()  # queued requests may run now
@@ -51,7 +51,7 @@ class ReferenceMemory:
 
     def check_weights(self, action: str) -> dict[str, Any] | None:
         """SGLang 0.5.17's ``WeightChecker`` actions on the base parameters (LoRA tensors left out)."""
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             params = dense_parameters(self.runner.model)
             if action == "checksum":
                 return _checksum(params)

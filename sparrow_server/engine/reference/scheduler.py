@@ -115,13 +115,10 @@ class Scheduler:
         with self._cond:
             return QueueCounts(waiting=len(self._waiting), running=len(self._running), live=len(self._live))
 
-    def between_steps(self) -> threading.Lock:
-        """Held: the loop is between two steps and stays there (model and cache changes, retract)."""
-        return self._step_lock
-
     @property
     def step_lock(self) -> threading.Lock:
-        """The lock itself, for a component that takes a lock object (the verifier's scorer)."""
+        """Held by the loop for each step; held by anyone else, the loop is between two steps and stays
+        there (model and cache changes, retract, the verifier's forward)."""
         return self._step_lock
 
     # ----- the loop (and callers holding the step lock) --------------------------------------------
@@ -134,10 +131,6 @@ class Scheduler:
                 return None
             aborts, self._abort_rids = self._abort_rids, set()
             return aborts
-
-    def step(self) -> threading.Lock:
-        """Held by the loop for one step."""
-        return self._step_lock
 
     def apply_aborts(self, rids: set[str]) -> None:
         with self._cond:

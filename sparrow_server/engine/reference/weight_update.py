@@ -211,7 +211,7 @@ class ReferenceWeightSync:
     async def _in_loop_pause(self, action: Callable[[], None] | None) -> None:
         """Wait for the step in progress to end (later steps see the new gate), then run ``action``."""
         def between_steps() -> None:
-            with self.scheduler.between_steps():
+            with self.scheduler.step_lock:
                 if action is not None:
                     action()
 
@@ -219,7 +219,7 @@ class ReferenceWeightSync:
 
     def _swap_if_idle(self, candidate: Any, update: WeightUpdate):
         """Swap the weights in if no request holds KV (else None: drain again)."""
-        with self.scheduler.between_steps():
+        with self.scheduler.step_lock:
             if self.scheduler.any_running():
                 return None
             started = time.monotonic()
