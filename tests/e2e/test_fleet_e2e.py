@@ -144,7 +144,10 @@ CONCURRENCY = 6  # requests in flight at once, so the victim is busy when it die
 CLIENT_RETRY = dict(retries=6, backoff_s=0.2)
 # round_robin: every server gets its share, deterministically. A generous health-check timeout keeps
 # a busy server from being dropped on a loaded machine; a killed one still drops at once (refused).
-ROUTER = dict(policy="round_robin", health_check_timeout_s=5)
+# The breaker is off as in deploy/ (docs/fleet.md): the edge checks' 4xx answers and the requests cut
+# by the kill count as failures, and once ten land on the victim the breaker keeps the restarted
+# server out of the rotation for 60 s although it is healthy (seen on CI: it served 0 after rejoining).
+ROUTER = dict(policy="round_robin", health_check_timeout_s=5, extra_args=("--disable-circuit-breaker",))
 SERVER_ARGS = ("--device", "cpu", "--threads", "1", "--kv-pool-tokens", "8192", "--max-batch-size", "8",
                "--log-level", "warning")
 
@@ -316,6 +319,7 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
             after_rids = [f"after-{i}" for i in range(2 * N_SERVERS)]
             after = asyncio.run(_drive(router.url, after_rids, attempts.update))
             rejoined_served = _served_generate(fleet.servers[victim]) - before
+            router_workers = router.workers()  # shown if the restarted server got no traffic
     elapsed = time.monotonic() - started
 
     assert events == ["killed", "dropped", "rejoined"]
@@ -331,7 +335,7 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
     # the kill cut requests in flight: the router re-sent them to another worker, or (when its own
     # retries were spent) answered 5xx and the client re-sent them with the same rid
     assert router_retries + client_resends >= 1
-    assert rejoined_served >= 1  # the restarted server takes traffic again
+    assert rejoined_served >= 1, router_workers  # the restarted server takes traffic again
     print(f"fleet test: {elapsed:.1f} s ({', '.join(f'{k} at {v:.1f} s' for k, v in phases.items())}); "
           f"router retries {router_retries:.0f}, client re-sends {client_resends}")
 
