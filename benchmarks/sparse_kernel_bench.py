@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+sys.path[:0] = [_TESTS, os.path.join(_TESTS, "gpu")]  # helpers.sparse_case, _sparse_runner
 
 
 def graph_us(fn, reps: int = 20, iters: int = 30) -> float:
@@ -51,7 +52,7 @@ def bench_case(b: int, ctx: int, budget_pages: int, max_context: int, ws, copy_t
     import flashinfer
 
     from _sparse_runner import SparseLayer
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
     from sparrow_server.kernels import sparse_decode as K
 
     ps, h, g, d = 16, 8, 2, 128

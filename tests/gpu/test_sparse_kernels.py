@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparrow_server.kernels import reference as R
-from sparrow_server.sparsity.selection import dense_decode_attention, select_pages, sparse_decode_attention
+from sparrow_server.sparsity.selection import dense_decode_attention, sparse_decode_attention
 from sparrow_server.sparsity.schedule import dense_schedule
 
 pytestmark = pytest.mark.gpu
@@ -36,19 +36,9 @@ def _layer(case, plan, lm, pcap):
     return SparseLayer(case, plan, lm, pcap, ws)
 
 
-def _want_pages(layer, case, plan):
-    """``select_pages`` on the layer's scores: [B*H] lists of logical pages, ascending."""
-    b, h = plan.batch_size, plan.num_kv_heads
-    pmax = int(plan.n_pages.max())
-    scores = layer.scores.view(b, h, -1)[:, :, :pmax]
-    ids, _ = select_pages(scores, torch.from_numpy(plan.n_pages.astype("int64")),
-                          torch.from_numpy(plan.count.astype("int64")), SINK, RECENT)
-    return [[int(p) for p in row if p >= 0] for row in ids.view(b * h, -1).tolist()]
-
-
 def test_landmark_kernel_matches_reference():
     from sparrow_server.kernels import sparse_decode as K
-    from _sparse_setup import make_case
+    from helpers.sparse_case import make_case
 
     case = make_case([300, 77], seed=1)
     for only_full in (True, False):
@@ -63,7 +53,7 @@ def test_landmark_kernel_matches_reference():
 @pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
 def test_scores_and_indices_match_reference(lm_dtype):
     from sparrow_server.kernels import sparse_decode as K  # noqa: F401
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([5000, 1200, 40, 3000], seed=2)
     s = fixed_budget_schedule(32)
@@ -88,7 +78,7 @@ def test_scores_and_indices_match_reference(lm_dtype):
 def test_selection_is_select_pages_at_40k_context(lengths, budget):
     """A server at --context-length 40960 (Pcap 2560) with short sequences: the selected pages, in
     index order, are exactly ``select_pages``' (sink, top-k ascending, recent), whatever Pcap."""
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     case = make_case(lengths, seed=7, max_ctx=40960)
     s = fixed_budget_schedule(budget)
@@ -96,12 +86,12 @@ def test_selection_is_select_pages_at_40k_context(lengths, budget):
     layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=40960 // PS)
     layer.score()
     layer.select_write()
-    assert layer.logical_pages(ordered=True) == _want_pages(layer, case, plan)
+    assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
 
 
 def test_selection_ties_go_to_the_earlier_page():
     """Few distinct scores (and -0.0 next to +0.0): ties broken by page order, as ``select_pages``."""
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([1200, 600, 50, 9000], seed=8, max_ctx=40960)
     s = fixed_budget_schedule(20)
@@ -112,14 +102,14 @@ def test_selection_ties_go_to_the_earlier_page():
     scores[:, ::7] = -0.0
     layer.scores.copy_(scores)
     layer.select_write()
-    assert layer.logical_pages(ordered=True) == _want_pages(layer, case, plan)
+    assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
 
 
 def test_decode_scoring_updates_the_completed_page_landmark():
     """The decode path's score launch first writes the landmark of the page this step's slot
     completes; a slot inside a page leaves its landmark alone."""
     from sparrow_server.kernels import sparse_decode as K
-    from _sparse_setup import make_case
+    from helpers.sparse_case import make_case
 
     case = make_case([40, 70], seed=9)
     lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0, device="cuda")
@@ -136,7 +126,7 @@ def test_decode_scoring_updates_the_completed_page_landmark():
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     case = make_case(lengths, seed=3)
     s = fixed_budget_schedule(budget)
@@ -155,7 +145,7 @@ def test_sparse_layer_equals_core_reference(lengths, budget):
 
 
 def test_bf16_landmarks_select_nearly_the_same_pages():
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([32768, 16384], seed=4)
     s = fixed_budget_schedule(256)
@@ -170,7 +160,7 @@ def test_bf16_landmarks_select_nearly_the_same_pages():
 
 
 def test_budget_at_least_length_is_dense():
-    from _sparse_setup import fixed_budget_schedule, make_case, plan_for
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
 
     lengths = [1000, 517, 16, 1]
     case = make_case(lengths, seed=5)

@@ -1,0 +1,197 @@
+"""The sparse decode backend's Triton kernels on CPU, under the Triton interpreter, against the
+pure references: exact scores on each row's candidate range, exact selection (``select_pages``:
+sink, top-k ascending with ties to the earlier page, recent) in every tier of ``select_and_write``,
+and the landmark updates. Speed is the GPU tier's (tests/gpu/test_sparse_kernels.py mirrors these).
+
+Not collected by the suite: ``test_sparse_kernels_interpreted.py`` runs this file in a child pytest
+with ``TRITON_INTERPRET=1``, which must be set before triton is first imported. By hand:
+``TRITON_INTERPRET=1 python3 -m pytest tests/engine/sparse_kernel_cases.py``.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from helpers.sparse_case import SparseSelection, fixed_budget_schedule, make_case, plan_for
+from sparrow_server.kernels import reference as R
+from sparrow_server.sparsity.schedule import dense_schedule
+
+PS = 16
+SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
+OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
+
+
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("runs only under TRITON_INTERPRET=1 (test_sparse_kernels_interpreted.py sets it)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def K():
+    """``sparse_decode``, its kernels interpreted (they run on CPU tensors)."""
+    from sparrow_server.kernels import sparse_decode
+
+    assert type(sparse_decode._select_kernel).__name__ == "InterpretedFunction", type(sparse_decode._select_kernel)
+    return sparse_decode
+
+
+def _case(lengths, seed, **kw):
+    return make_case(lengths, seed=seed, device="cpu", **kw)
+
+
+def _landmarks(case, dtype):
+    """Every full page's landmark, by the reference (the kernel is checked on a small pool below)."""
+    lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype)
+    R.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0]), lm, PS, only_full=True)
+    return lm
+
+
+def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None, cap=None):
+    budgets = [int(s.budgets_tokens[0]) // PS for s in schedules if s.budgets_tokens]
+    plan = plan_for(case, schedules, topk_cap_pages=cap or max(budgets, default=1))
+    return SparseSelection(K, case, plan, _landmarks(case, lm_dtype), pcap or int(plan.n_pages.max()))
+
+
+def _tiers(sel):
+    """The ``select_and_write`` path each sparse row takes (rows held in registers up to each of
+    SELECT_ROWS candidates, streamed past the last)."""
+    cands = (sel.plan.cand_hi - sel.plan.cand_lo)[sel.plan.k > 0]
+    return {sum(int(c) > t for t in sel.K.SELECT_ROWS) for c in cands}
+
+
+@pytest.mark.parametrize("only_full", [True, False])
+def test_landmark_kernel_matches_reference(K, only_full):
+    case = _case([300, 77], seed=1)
+    locs = torch.randint(0, case.k_buf.shape[0], (120,), generator=torch.Generator().manual_seed(1))
+    got = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0)
+    want = got.clone()
+    K.update_landmarks(case.k_buf, locs, got, PS, only_full)
+    R.update_landmarks(case.k_buf, locs, want, PS, only_full)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got != 7.0).any(dim=(1, 2)).sum() == (want != 7.0).any(dim=(1, 2)).sum() > 0
+
+
+def test_decode_scoring_updates_the_completed_page_landmark(K):
+    """The decode path's score launch first writes the landmark of the page this step's slot
+    completes; a slot inside a page leaves its landmark alone."""
+    case = _case([40, 70], seed=9)
+    lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0)
+    want = lm.clone()
+    locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
+    R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
+    zero = torch.zeros(2, dtype=torch.int32)
+    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 8),
+                  k_buf=case.k_buf, cache_loc=locs)
+    torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
+    assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
+
+
+@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
+def test_scores_on_the_candidate_range_only(K, lm_dtype):
+    """Scores equal ``reference.page_scores`` on ``[cand_lo, cand_hi)`` of each row; every other
+    entry of the buffer (dense rows' included) is left as it was."""
+    case = _case([5000, 1200, 40, 3000], seed=2)
+    s = fixed_budget_schedule(32)
+    sel = _selection(K, case, [s, s, s, dense_schedule()], lm_dtype, pcap=400)
+    sel.scores.fill_(OUTSIDE)
+    got = sel.score().clone()
+    f = sel.fields
+    want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS, 400)
+    inside = torch.isfinite(want)
+    assert int(inside.sum()) == sum(int(hi - lo) * 8 for lo, hi in zip(sel.plan.cand_lo, sel.plan.cand_hi)) > 0
+    torch.testing.assert_close(got[inside], want[inside], rtol=1e-4, atol=1e-3)
+    assert (got[~inside] == OUTSIDE).all()
+
+
+@pytest.mark.parametrize("lengths,budget", [([600, 40, 300, 17, 32768, 1000], 64), ([2048, 4100, 17, 16], 8)])
+def test_selection_is_select_pages_at_40k_context(K, lengths, budget):
+    """A server at --context-length 40960 (Pcap 2560) with short sequences: the selected pages, in
+    index order, are exactly ``select_pages``' (sink, top-k ascending, recent), whatever Pcap."""
+    case = _case(lengths, seed=7, max_ctx=40960, num_kv_heads=4, head_dim=32)
+    sel = _selection(K, case, [fixed_budget_schedule(budget)] * len(lengths), pcap=40960 // PS)
+    sel.score()
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+# Candidates per row = pages - 3 (1 sink, 2 recent): 512 | 513, 2048 | 2049, 4096 | 4097 at each
+# boundary of SELECT_ROWS (8240 tokens = 515 pages), top-k from 1 to most of the row.
+TIER_LENGTHS = [8240, 8256, 32816, 32832, 65584, 65600, 3000, 70000]
+TIER_BUDGETS = [4, 500, 40, 2040, 2049, 300, 200, 4000]
+
+
+@pytest.mark.parametrize("scores", ["landmarks", "ties"])
+def test_selection_in_every_tier(K, scores):
+    """Each row size of ``select_and_write`` (in registers at each of SELECT_ROWS, streamed past
+    them) selects exactly ``select_pages``' pages: on landmark scores, and on three distinct values
+    with -0.0 next to +0.0 (ties to the earlier page; -0.0 ties with +0.0)."""
+    case = _case(TIER_LENGTHS, seed=11, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    sel = _selection(K, case, [fixed_budget_schedule(b) for b in TIER_BUDGETS])
+    assert _tiers(sel) == {0, 1, 2, 3}
+    if scores == "landmarks":
+        sel.score()
+    else:
+        ties = torch.randint(0, 3, sel.scores.shape, generator=torch.Generator().manual_seed(11)).float() - 1.0
+        ties[:, ::7] = -0.0
+        sel.scores.copy_(ties)
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+def test_selection_ties_go_to_the_earlier_page(K):
+    """Few distinct scores (and -0.0 next to +0.0) at a 40K-context server: ties broken by page
+    order, as ``select_pages``."""
+    case = _case([1200, 600, 50, 9000], seed=8, max_ctx=40960, num_kv_heads=4, head_dim=32)
+    sel = _selection(K, case, [fixed_budget_schedule(20)] * 4, pcap=40960 // PS)
+    scores = torch.randint(0, 3, sel.scores.shape, generator=torch.Generator().manual_seed(8)).float() - 1.0
+    scores[:, ::7] = -0.0
+    sel.scores.copy_(scores)
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+def test_nan_and_inf_landmarks_rank_as_select_pages_ranks_them(K):
+    """A NaN score is the lowest candidate and +-inf are clamped (``select_pages``): the score
+    kernel writes them so that the selection matches ``select_pages`` on the reference scores."""
+    case = _case([3000, 2000], seed=12, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    sel = _selection(K, case, [fixed_budget_schedule(30)] * 2)
+    phys = case.req_to_token[1:, ::PS].long() // PS
+    for j, value in ((5, float("nan")), (9, float("inf")), (12, float("-inf")), (40, float("nan"))):
+        sel.lm[phys[:, j], :, 0] = value  # one element: a NaN, +inf or -inf score (by q's sign)
+    sel.score()
+    sel.select_write()
+    f = sel.fields
+    want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS,
+                         sel.scores.shape[1])
+    sel.scores.copy_(want)
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+def test_budget_at_least_length_is_dense(K):
+    """Budget >= length: every page, in order (no candidates scored)."""
+    lengths = [1000, 517, 16, 1]
+    case = _case(lengths, seed=5)
+    s = fixed_budget_schedule(64)  # 1024 tokens >= every length
+    sel = _selection(K, case, [s, dense_schedule(), s, s])
+    assert (sel.plan.k == 0).all()
+    sel.score()
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == [list(range(-(-n // PS))) for n in lengths for _ in range(8)]
+
+
+def test_mixed_schedules_in_one_batch(K):
+    """Dense and sparse schedules in one batch, long dense rows included (their reserved part spans
+    several tiles): each row is ``select_pages``' pages, dense rows all of theirs."""
+    lengths = [20000, 12000, 5000, 900, 9000]
+    case = _case(lengths, seed=13, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    schedules = [fixed_budget_schedule(8), dense_schedule(), fixed_budget_schedule(64), dense_schedule(),
+                 fixed_budget_schedule(300)]
+    sel = _selection(K, case, schedules)
+    assert list(sel.plan.k > 0) == [True, False, True, False, True]
+    sel.score()
+    sel.select_write()
+    got = sel.logical_pages(ordered=True)
+    assert got == sel.want_pages(SINK, RECENT)
+    assert got[2] == list(range(750)) and got[6] == list(range(57))

@@ -1,0 +1,126 @@
+"""Random paged KV pools and the backend's per-layer page selection outside SGLang, for the kernel
+tests (GPU, and CPU under the Triton interpreter) and the kernel benchmark (not a test module)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
+from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.sparsity.selection import select_pages
+
+
+@dataclass
+class PagedCase:
+    q: torch.Tensor            # [B, H*G, D]
+    k_buf: torch.Tensor        # [N, H, D] token-major pool (SGLang layout)
+    v_buf: torch.Tensor
+    req_to_token: torch.Tensor  # [B + 1, max_ctx] int32 (row 0 = padding row)
+    rpi: torch.Tensor          # [B] int64 rows 1..B
+    lengths: torch.Tensor      # [B] int64 (CPU)
+    page_size: int
+
+    def dense_kv(self):
+        """[B, Lmax, H, D] K and V gathered per request (zero past each length)."""
+        b = self.q.shape[0]
+        lmax = int(self.lengths.max())
+        slots = self.req_to_token[1:b + 1, :lmax].long()
+        k, v = self.k_buf[slots], self.v_buf[slots]
+        mask = (torch.arange(lmax, device=k.device)[None, :] < self.lengths.to(k.device)[:, None])[..., None, None]
+        return k * mask, v * mask
+
+
+def make_case(lengths, num_kv_heads=8, group=2, head_dim=128, page_size=16, max_ctx=None, seed=0,
+              dtype=torch.bfloat16, device="cuda") -> PagedCase:
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    b = lengths.shape[0]
+    pages = [math.ceil(int(n) / page_size) for n in lengths]
+    max_ctx = max_ctx or max(pages) * page_size
+    total = sum(pages)
+    phys = (torch.randperm(total, generator=g) + 1).tolist()  # page 0 stays the padding page
+    r2t = torch.zeros(b + 1, max_ctx, dtype=torch.int32)
+    off = 0
+    for i, n in enumerate(pages):
+        for j in range(n):
+            r2t[i + 1, j * page_size:(j + 1) * page_size] = phys[off + j] * page_size + torch.arange(page_size)
+        off += n
+    n_slots = (total + 1) * page_size
+    k_buf = torch.randn(n_slots, num_kv_heads, head_dim, generator=g).to(dtype)
+    v_buf = torch.randn(n_slots, num_kv_heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(b, num_kv_heads * group, head_dim, generator=g).to(dtype)
+    return PagedCase(q.to(device), k_buf.to(device), v_buf.to(device), r2t.to(device),
+                     torch.arange(1, b + 1, dtype=torch.int64, device=device), lengths, page_size)
+
+
+def fixed_budget_schedule(budget_pages: int, page_size: int = 16, sink: int = 1, recent: int = 2) -> Schedule:
+    """A schedule whose budget is ``budget_pages`` at every length (no dense layers)."""
+    return Schedule(name=f"fixed-{budget_pages}", budgets_tokens=(budget_pages * page_size,), bin_tokens=10**9,
+                    page_size=page_size, sink_pages=sink, recent_pages=recent, dense_layers=())
+
+
+def plan_for(case: PagedCase, schedules, topk_cap_pages: int) -> StepPlan:
+    lengths = case.lengths.numpy()
+    return plan_step(list(schedules), lengths, np.zeros_like(lengths), case.k_buf.shape[1], case.page_size,
+                     topk_cap_pages)
+
+
+class SparseSelection:
+    """One layer's page selection as the backend runs it: the plan packed into one int32 buffer,
+    a score buffer [B*H, Pcap] (``-inf``) and the index buffer, filled by ``kernels`` (the
+    ``sparse_decode`` module: the real one, or a copy loaded under the Triton interpreter), on the
+    case's device."""
+
+    def __init__(self, kernels, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int):
+        self.K, self.case, self.plan, self.lm = kernels, case, plan, landmarks
+        b, h = plan.batch_size, plan.num_kv_heads
+        device = case.q.device
+        self.h, self.g = h, case.q.shape[1] // h
+        layout = packed_layout(b, h)
+        self.meta = torch.from_numpy(pack(plan, layout)).to(device)
+        view = lambda name, n: self.meta[layout[name][0]:layout[name][0] + n]
+        self.fields = {f: view(f, b) for f in REQUEST_FIELDS}
+        self.row_indptr = view("row_indptr", b * h + 1)
+        self.indices = torch.zeros(max(plan.total_pages, 1), dtype=torch.int32, device=device)
+        self.scores = torch.full((b * h, pcap), float("-inf"), dtype=torch.float32, device=device)
+
+    def score(self, cache_loc=None):
+        """Scores on each row's candidate range (the rest of the buffer untouched); with
+        ``cache_loc``, the landmark of the page each slot completes first (the decode path)."""
+        c, f = self.case, self.fields
+        return self.K.page_scores(c.q, self.lm, c.req_to_token, c.rpi, f["cand_lo"], f["cand_hi"], c.page_size,
+                                  self.scores, k_buf=None if cache_loc is None else c.k_buf, cache_loc=cache_loc)
+
+    def select_write(self):
+        c, f = self.case, self.fields
+        self.K.select_and_write(self.scores, c.req_to_token, c.rpi, f["n_pages"], f["count"], f["sink"], f["k"],
+                                f["cand_lo"], f["cand_hi"], self.row_indptr, self.h, c.page_size, self.indices)
+
+    def logical_pages(self, ordered: bool = False) -> list:
+        """Selected logical pages per (request, KV head) row, read back from the index buffer
+        (sets; ``ordered``: lists in index-buffer order)."""
+        idx = self.indices.cpu().numpy().astype(np.int64)
+        r2t = self.case.req_to_token.cpu().numpy()
+        ps, h = self.case.page_size, self.h
+        rows = []
+        for r in range(self.plan.batch_size * h):
+            b = r // h
+            start, end = int(self.plan.row_indptr[r]), int(self.plan.row_indptr[r + 1])
+            slots = idx[start:end] // h
+            assert np.all(idx[start:end] % h == r % h), "page id of the wrong head"
+            slot_to_page = {int(r2t[b + 1, j * ps]): j for j in range(int(self.plan.n_pages[b]))}
+            pages = [slot_to_page[int(s)] for s in slots]
+            rows.append(pages if ordered else set(pages))
+        return rows
+
+    def want_pages(self, sink: int, recent: int) -> list:
+        """``select_pages`` on the current score buffer: [B*H] lists of logical pages, ascending
+        (sink, top-k, recent: the order the index buffer must hold them in)."""
+        b, h = self.plan.batch_size, self.h
+        scores = self.scores.view(b, h, -1)[:, :, :int(self.plan.n_pages.max())].cpu()
+        ids, _ = select_pages(scores, torch.from_numpy(self.plan.n_pages.astype("int64")),
+                              torch.from_numpy(self.plan.count.astype("int64")), sink, recent)
+        return [[int(p) for p in row if p >= 0] for row in ids.view(b * h, -1).tolist()]
