@@ -31,9 +31,11 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 @pytest.fixture(scope="module")
 def K():
     """``sparse_decode``, its kernels interpreted (they run on CPU tensors)."""
+    import triton
+
     from sparrow_server.kernels import sparse_decode
 
-    assert type(sparse_decode._select_kernel).__name__ == "InterpretedFunction", type(sparse_decode._select_kernel)
+    assert triton.knobs.runtime.interpret  # read by @triton.jit: the kernels are Python on CPU tensors
     return sparse_decode
 
 
@@ -48,17 +50,10 @@ def _landmarks(case, dtype):
     return lm
 
 
-def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None, cap=None):
+def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None):
     budgets = [int(s.budgets_tokens[0]) // PS for s in schedules if s.budgets_tokens]
-    plan = plan_for(case, schedules, topk_cap_pages=cap or max(budgets, default=1))
+    plan = plan_for(case, schedules, topk_cap_pages=max(budgets, default=1))
     return SparseSelection(K, case, plan, _landmarks(case, lm_dtype), pcap or int(plan.n_pages.max()))
-
-
-def _tiers(sel):
-    """The ``select_and_write`` path each sparse row takes (rows held in registers up to each of
-    SELECT_ROWS candidates, streamed past the last)."""
-    cands = (sel.plan.cand_hi - sel.plan.cand_lo)[sel.plan.k > 0]
-    return {sum(int(c) > t for t in sel.K.SELECT_ROWS) for c in cands}
 
 
 @pytest.mark.parametrize("only_full", [True, False])
@@ -129,7 +124,8 @@ def test_selection_in_every_tier(K, scores):
     with -0.0 next to +0.0 (ties to the earlier page; -0.0 ties with +0.0)."""
     case = _case(TIER_LENGTHS, seed=11, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
     sel = _selection(K, case, [fixed_budget_schedule(b) for b in TIER_BUDGETS])
-    assert _tiers(sel) == {0, 1, 2, 3}
+    cands = {int(c) for c in (sel.plan.cand_hi - sel.plan.cand_lo)[sel.plan.k > 0]}
+    assert {t + d for t in K.SELECT_ROWS for d in (0, 1)} <= cands  # each side of each tier's bound
     if scores == "landmarks":
         sel.score()
     else:
