@@ -7,6 +7,11 @@ adapter, and resamples held-out *rollouts* (tokens of a rollout are correlated) 
 gain ``p5(after) - p5(before)``, pooled over the tokens where the schedule is sparse (length > budget) and
 per length bin. Both sides are scored on the same tokens, so the interval is paired.
 
+With ``--lower-budgets`` (e.g. one page less in the sparse bins) it also scores the held-out tokens under
+those budgets, without and with the adapter, and gives the interval of ``p5(lower budgets, adapter) -
+p5(schedule, no adapter)`` over the tokens past the first bin: the offline form of the live question, does
+the adapter hold the tail at smaller budgets.
+
     PYTHONPATH=. python benchmarks/autopilot/heldout_gain.py --rollouts R.jsonl --schedule S.json \
         --adapter DIR --heldout-fraction 0.25 --seed 0 --out gain.json
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +43,10 @@ def per_rollout(args) -> list[dict]:
 
     torch.set_num_threads(args.threads)
     schedule = load_schedule(args.schedule)
+    variants = {"before": (schedule, None), "after": (schedule, "distill")}
+    if args.lower_budgets:
+        lower = replace(schedule, budgets_tokens=tuple(int(b) for b in args.lower_budgets.split(",")))
+        variants |= {"lower_before": (lower, None), "lower_after": (lower, "distill")}
     _, heldout = split_heldout(load_rollouts(Path(args.rollouts)), args.heldout_fraction, args.seed)
     model = PeftModel.from_pretrained(load_model(None, device="cpu").model, args.adapter, adapter_name="distill")
     model.eval()
@@ -46,18 +56,19 @@ def per_rollout(args) -> list[dict]:
         for r in heldout:
             prompt, completion = r.input_ids[: r.prompt_len], r.input_ids[r.prompt_len:]
             dense = scorer.dense_logits(prompt, completion)
-            before, after = (chunked_exact_acceptance(scorer.sparse_logits(prompt, completion, schedule, a), dense,
-                                                      args.temperature) for a in (None, "distill"))
-            lengths = completion_basis_lengths(schedule, r.prompt_len, r.n_generated)
-            rows.append({"before": before, "after": after, "lengths": lengths,
-                         "sparse": np.array([is_sparse_at(schedule, int(n)) for n in lengths])})
+            row = {key: chunked_exact_acceptance(scorer.sparse_logits(prompt, completion, s, a), dense, args.temperature)
+                   for key, (s, a) in variants.items()}
+            row["lengths"] = completion_basis_lengths(schedule, r.prompt_len, r.n_generated)
+            row["sparse"] = np.array([is_sparse_at(schedule, int(n)) for n in row["lengths"]])
+            rows.append(row)
     return rows
 
 
-def gain(rows: list[dict], keep, n_boot: int, confidence: float, seed: int) -> dict:
+def gain(rows: list[dict], keep, n_boot: int, confidence: float, seed: int,
+         before_key: str = "before", after_key: str = "after") -> dict:
     """p5 before/after over the tokens ``keep(lengths, sparse)`` selects, and the paired bootstrap interval of
     the gain, resampling rollouts."""
-    sel = [(np.asarray(r["before"])[m], np.asarray(r["after"])[m])
+    sel = [(np.asarray(r[before_key])[m], np.asarray(r[after_key])[m])
            for r in rows for m in [keep(r["lengths"], r["sparse"])]]
     before = np.concatenate([b for b, _ in sel])
     after = np.concatenate([a for _, a in sel])
@@ -86,6 +97,7 @@ def main() -> int:
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--confidence", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lower-budgets", default=None, help="also score under these budgets (comma-separated)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     rows = per_rollout(args)
@@ -95,6 +107,13 @@ def main() -> int:
               "sparse_tokens": gain(rows, lambda _, sparse: sparse, args.boot, args.confidence, 0),
               "bins": {str(b): gain(rows, lambda n, _, b=b: np.minimum(n // bin_tokens, n_bins - 1) == b,
                                     args.boot, args.confidence, 0) for b in range(n_bins)}}
+    if args.lower_budgets:
+        past_bin0 = lambda n, _: n >= bin_tokens  # noqa: E731
+        result["lower_budgets"] = {
+            "budgets_tokens": [int(b) for b in args.lower_budgets.split(",")],
+            "no_adapter": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "lower_before"),
+            "adapter": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "lower_after"),
+            "adapter_at_schedule": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "after")}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-LOSSES = ("k3", "topk_forward_kl")
+LOSSES = ("k3", "topk_forward_kl", "tv")
 ALL_LINEAR = "all-linear"  # peft: every linear layer of the blocks (attention + MLP), not lm_head
 
 DEFAULT_RANK = 16

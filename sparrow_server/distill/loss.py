@@ -48,3 +48,13 @@ def topk_forward_kl_per_token(dense_topk_ids: Tensor, dense_topk_logprobs: Tenso
     rest_s = (1.0 - lp_s.exp().sum(-1)).clamp_min(_REST_FLOOR)
     return head + rest_d * (rest_d.log() - rest_s.log())
 
+
+def tv_per_token(dense_logprobs: Tensor, sparse_logprobs: Tensor) -> Tensor:
+    """Total variation ``0.5 * sum_v |p_sparse(v) - p_dense(v)|`` over the full vocabulary, per token.
+
+    dense_logprobs, sparse_logprobs: [G, V] (full log-softmax) -> [G] in [0, 1]. It equals
+    ``1 - acceptance`` exactly (``sum min(p, q) = 1 - TV``), so this loss pushes directly on the
+    quantity whose p5 the schedule's target bounds, with the whole distribution as its signal
+    rather than one sampled token (k3). Subgradient 0 where the two probabilities are equal.
+    """
+    return 0.5 * (sparse_logprobs.exp() - dense_logprobs.to(sparse_logprobs.dtype).exp()).abs().sum(-1)

@@ -4,8 +4,11 @@ Per step, for each rollout of the batch: the sparse logits come from ``teacher_f
 (the serving selection semantics) with the adapter on and gradients; the dense side is the
 base model with the adapter disabled, without gradients, and since neither the base weights
 nor the rollouts change it is computed once per rollout before training. The loss is a token
-mean over the batch's generated tokens of either the k3 estimate of KL(sparse || dense) on the
-sampled tokens (the paper's) or the forward KL over the dense top-k. Only LoRA parameters train.
+mean over the batch's generated tokens of the k3 estimate of KL(sparse || dense) on the sampled
+tokens (the paper's), the forward KL over the dense top-k, or the total variation over the full
+vocabulary (``tv`` = 1 - acceptance). Every generated token is in the loss, also those where the
+schedule attends every page: there the target is "stay equal to the base model". Only LoRA
+parameters train.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from sparrow_server.stats.acceptance import logits_to_topk
 from .config import DistillConfig
 from .evaluate import AcceptanceProbe, AcceptanceSummary
 from .loss import (
-    generated_logprobs, generated_rows, k3_per_token, topk_forward_kl_per_token,
+    generated_logprobs, generated_rows, k3_per_token, topk_forward_kl_per_token, tv_per_token,
 )
 from .rollouts import Rollout, split_heldout
 
@@ -41,6 +44,7 @@ class DenseTarget:
     logprob: Tensor  # [G] logprob of each sampled token
     topk_ids: Tensor | None  # [G, K] (topk_forward_kl only)
     topk_logprobs: Tensor | None  # [G, K]
+    logprobs: Tensor | None = None  # [G, V] full log-softmax (tv only)
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ def dense_target(model: Any, rollout: Rollout, config: DistillConfig) -> DenseTa
     logits = HFScorer(model).dense_logits(rollout.input_ids[: rollout.prompt_len], completion)  # [G, V]
     logp = torch.log_softmax(logits / config.temperature, dim=-1)
     logprob = logp.gather(-1, torch.tensor(completion, device=logp.device)[:, None])[:, 0]
+    if config.loss == "tv":
+        return DenseTarget(logprob.clone(), None, None, logp.float().clone())
     if config.loss != "topk_forward_kl":
         return DenseTarget(logprob.clone(), None, None)
     topk_ids, topk_lp = logits_to_topk(logits, min(config.topk, logits.shape[-1]), config.temperature)
@@ -81,6 +87,8 @@ def sequence_loss(model: Any, rollout: Rollout, target: DenseTarget, schedule: S
         sparse_lp = generated_logprobs(logits, ids, rollout.prompt_len, config.temperature)
         return k3_per_token(target.logprob, sparse_lp, config.delta_clamp, config.clamp)
     sparse_all = torch.log_softmax(generated_rows(logits, rollout.prompt_len) / config.temperature, dim=-1)
+    if config.loss == "tv":
+        return tv_per_token(target.logprobs, sparse_all)
     return topk_forward_kl_per_token(target.topk_ids, target.topk_logprobs, sparse_all)
 
 

@@ -47,3 +47,11 @@ def test_a_redraw_from_the_same_distribution_gives_an_interval_around_zero():
 def test_the_selection_keeps_only_the_tokens_asked_for():
     g = hg.gain(rows(4, 0.0), lambda lengths, sparse: sparse, n_boot=10, confidence=0.9, seed=0)
     assert g["n_tokens"] == 4 * int((np.arange(60, 160) > 64).sum())
+
+
+def test_named_sides_compare_any_two_scorings_of_the_same_tokens():
+    data = rows(6, 0.05)
+    for r in data:
+        r["lower_after"] = r["before"] - 0.02
+    g = hg.gain(data, ALL, n_boot=50, confidence=0.9, seed=0, before_key="before", after_key="lower_after")
+    assert abs(g["gain"] + 0.02) < 1e-9 and g["gain_interval"][1] < 0

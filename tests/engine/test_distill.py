@@ -14,12 +14,13 @@ from sparrow_server.distill import (
     read_adapter_metadata, save_adapter, train_lora,
 )
 from sparrow_server.distill.evaluate import AcceptanceProbe
-from sparrow_server.distill.loss import k3_per_token, topk_forward_kl_per_token
+from sparrow_server.distill.loss import k3_per_token, topk_forward_kl_per_token, tv_per_token
 from sparrow_server.distill.sources import engine_rollouts
 from sparrow_server.distill.train import dense_target, sequence_loss, wrap_with_lora
 from sparrow_server.engine.base import SamplingParams
 from sparrow_server.modeling.sparse_forward import teacher_forced_logits
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
+from sparrow_server.stats.acceptance import exact_acceptance
 from helpers.tiny_models import TINY_VOCAB, tiny_model
 
 # 4 pages of 16: sink + 2 recent + 1 selected page; layer 0 dense.
@@ -71,7 +72,29 @@ def test_topk_forward_kl_with_full_vocabulary_is_the_exact_kl():
                           torch.zeros(5, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("loss", ["k3", "topk_forward_kl"])
+def test_tv_is_the_brute_force_total_variation_and_one_minus_exact_acceptance():
+    g = torch.Generator().manual_seed(0)
+    dense_logits = torch.randn(6, 13, generator=g, dtype=torch.float64) * 2
+    sparse_logits = dense_logits + torch.randn(6, 13, generator=g, dtype=torch.float64)
+    sparse_logits[0] = dense_logits[0]  # one token where the two policies agree
+    dense, sparse = torch.log_softmax(dense_logits, -1), torch.log_softmax(sparse_logits, -1)
+    brute = torch.tensor([0.5 * sum(abs(float(sparse[t, v].exp()) - float(dense[t, v].exp())) for v in range(13))
+                          for t in range(6)], dtype=torch.float64)
+    got = tv_per_token(dense, sparse)
+    torch.testing.assert_close(got, brute, rtol=1e-12, atol=1e-12)
+    assert got[0] == pytest.approx(0.0, abs=1e-15) and (got[1:] > 1e-3).all()
+    torch.testing.assert_close(1.0 - got, exact_acceptance(sparse_logits, dense_logits), rtol=1e-12, atol=1e-12)
+
+
+def test_tv_gradient_moves_the_sparse_policy_toward_the_dense_one():
+    dense = torch.log_softmax(torch.tensor([[2.0, 0.0, -1.0]]), -1)
+    sparse_logits = torch.tensor([[0.0, 2.0, -1.0]], requires_grad=True)
+    tv_per_token(dense, torch.log_softmax(sparse_logits, -1)).sum().backward()
+    step = torch.log_softmax(sparse_logits.detach() - 0.1 * sparse_logits.grad, -1)
+    assert tv_per_token(dense, step) < tv_per_token(dense, torch.log_softmax(sparse_logits.detach(), -1))
+
+
+@pytest.mark.parametrize("loss", ["k3", "topk_forward_kl", "tv"])
 def test_loss_is_zero_when_the_sparse_actor_is_dense(loss):
     model = wrap_with_lora(tiny_model(), DistillConfig(rank=4, loss=loss))
     config = DistillConfig(loss=loss, topk=8)
@@ -144,6 +167,17 @@ def test_training_lowers_k3_and_raises_heldout_acceptance(trained):
     assert report.after.mean > report.before.mean
     assert report.after.p5 > report.before.p5
     assert report.extra["compare"]["dense@1"]["p5"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_training_on_tv_lowers_it_and_raises_heldout_acceptance(sparse_rollouts):
+    train = [r for i, r in enumerate(sparse_rollouts) if i % 6 < 4]
+    held = [r for i, r in enumerate(sparse_rollouts) if i % 6 >= 4]
+    config = DistillConfig(rank=4, steps=20, batch=4, lr=1e-3, seed=0, loss="tv")
+    _, report = train_lora(tiny_model(), train, TIGHT, config, heldout=held)
+    curve = report.loss_curve
+    assert sum(curve[-5:]) / 5 < 0.7 * sum(curve[:5]) / 5
+    assert 1.0 - curve[0] == pytest.approx(report.before.mean, abs=0.05)  # the loss is 1 - acceptance
+    assert report.after.mean > report.before.mean and report.after.p5 > report.before.p5
 
 
 def test_adapter_directory_loads_back_and_reproduces_trained_logits(trained, tmp_path):

@@ -48,6 +48,13 @@ def test_distill_from_rollouts_file(workdir, capsys):
     assert "already holds an adapter" in capsys.readouterr().err
 
 
+def test_distill_with_the_tv_loss(workdir, capsys):
+    out = workdir / "adapter-tv"
+    assert main(_args(workdir, out, "--rollouts", str(workdir / "rollouts.jsonl"), "--loss", "tv")) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 2
+    assert json.loads((out / "sparrow_adapter.json").read_text())["config"]["loss"] == "tv"
+
+
 def test_distill_samples_sparse_rollouts_from_prompts(workdir, capsys):
     out, saved = workdir / "adapter-b", workdir / "sampled.jsonl"
     args = _args(workdir, out, "--prompts", str(workdir / "prompts.jsonl"), "--max-new-tokens", "8",
