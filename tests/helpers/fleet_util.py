@@ -45,8 +45,10 @@ class RouterSettings:
     health_failure_threshold: int = 1
     health_success_threshold: int = 1
     retry_max_retries: int = 3
+    # off, as deploy/ runs the router (docs/fleet.md): it counts 4xx answers and requests cut by a kill
+    # as failures, and once open it keeps a healthy, restarted worker out of the rotation for 60 s
+    circuit_breaker: bool = False
     startup_timeout_s: float = 30.0
-    extra_args: tuple[str, ...] = ()
 
 
 DEFAULT_ROUTER_SETTINGS = RouterSettings()
@@ -135,7 +137,7 @@ def router_command(worker_urls: list[str], port: int, metrics_port: int, setting
         "--worker-startup-timeout-secs", str(int(settings.startup_timeout_s)),
         "--worker-startup-check-interval", "1",
         "--log-level", "info",
-        *settings.extra_args,
+        *(() if settings.circuit_breaker else ("--disable-circuit-breaker",)),
         "--worker-urls", *worker_urls,
     ]
 

@@ -31,9 +31,9 @@ def worker(tmp_path_factory, one_torch_thread):
         yield live
 
 
-def after_refusals(worker, tmp_path, extra_args: tuple[str, ...]) -> tuple[list[int], int]:
+def after_refusals(worker, tmp_path, circuit_breaker: bool) -> tuple[list[int], int]:
     """Status codes of REFUSALS bad requests through the router, then of one good request."""
-    settings = RouterSettings(health_check_interval_s=60, extra_args=extra_args)
+    settings = RouterSettings(health_check_interval_s=60, circuit_breaker=circuit_breaker)
     with running_router([worker.url], tmp_path, settings) as router:
         assert httpx.post(f"{router.url}/generate", json=GOOD, timeout=30).status_code == 200
         codes = [httpx.post(f"{router.url}/generate", json=BAD, timeout=30).status_code for _ in range(REFUSALS)]
@@ -41,12 +41,12 @@ def after_refusals(worker, tmp_path, extra_args: tuple[str, ...]) -> tuple[list[
 
 
 def test_refused_requests_open_the_default_breaker(worker, tmp_path):
-    codes, good = after_refusals(worker, tmp_path, ())
+    codes, good = after_refusals(worker, tmp_path, circuit_breaker=True)
     assert codes == [422] * 10 + [503] * (REFUSALS - 10) and good == 503  # the worker is healthy all along
 
 
 def test_disabled_breaker_keeps_serving(worker, tmp_path):
-    codes, good = after_refusals(worker, tmp_path, ("--disable-circuit-breaker",))
+    codes, good = after_refusals(worker, tmp_path, circuit_breaker=False)
     assert codes == [422] * REFUSALS and good == 200
 
 
