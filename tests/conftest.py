@@ -36,3 +36,12 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """The tiny random Llama of ``helpers.tiny_models`` (seed 0), written once per session; tests
+    only read it (a module that needs another model defines its own ``model_dir``)."""
+    from helpers.tiny_models import save_tiny_model
+
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))

@@ -45,7 +45,7 @@ def per_rollout(args) -> list[dict]:
     schedule = load_schedule(args.schedule)
     variants = {"before": (schedule, None), "after": (schedule, "distill")}
     if args.lower_budgets:
-        lower = replace(schedule, budgets_tokens=tuple(int(b) for b in args.lower_budgets.split(",")))
+        lower = replace(schedule, budgets_tokens=args.lower_budgets)
         variants |= {"lower_before": (lower, None), "lower_after": (lower, "distill")}
     _, heldout = split_heldout(load_rollouts(Path(args.rollouts)), args.heldout_fraction, args.seed)
     model = PeftModel.from_pretrained(load_model(None, device="cpu").model, args.adapter, adapter_name="distill")
@@ -97,7 +97,8 @@ def main() -> int:
     p.add_argument("--boot", type=int, default=2000)
     p.add_argument("--confidence", type=float, default=0.9)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--lower-budgets", default=None, help="also score under these budgets (comma-separated)")
+    p.add_argument("--lower-budgets", default=None, type=lambda v: tuple(int(b) for b in v.split(",")),
+                   help="also score under these budgets (comma-separated)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     rows = per_rollout(args)
@@ -110,7 +111,7 @@ def main() -> int:
     if args.lower_budgets:
         past_bin0 = lambda n, _: n >= bin_tokens  # noqa: E731
         result["lower_budgets"] = {
-            "budgets_tokens": [int(b) for b in args.lower_budgets.split(",")],
+            "budgets_tokens": list(args.lower_budgets),
             "no_adapter": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "lower_before"),
             "adapter": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "lower_after"),
             "adapter_at_schedule": gain(rows, past_bin0, args.boot, args.confidence, 0, "before", "after")}

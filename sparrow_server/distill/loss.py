@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sparrow_server.stats.acceptance import exact_acceptance
+
 # Mass below this is treated as zero in the top-k "rest" bucket (keeps the log finite).
 _REST_FLOOR = 1e-12
 
@@ -52,9 +54,9 @@ def topk_forward_kl_per_token(dense_topk_ids: Tensor, dense_topk_logprobs: Tenso
 def tv_per_token(dense_logprobs: Tensor, sparse_logprobs: Tensor) -> Tensor:
     """Total variation ``0.5 * sum_v |p_sparse(v) - p_dense(v)|`` over the full vocabulary, per token.
 
-    dense_logprobs, sparse_logprobs: [G, V] (full log-softmax) -> [G] in [0, 1]. It equals
-    ``1 - acceptance`` exactly (``sum min(p, q) = 1 - TV``), so this loss pushes directly on the
-    quantity whose p5 the schedule's target bounds, with the whole distribution as its signal
-    rather than one sampled token (k3). Subgradient 0 where the two probabilities are equal.
+    dense_logprobs, sparse_logprobs: [G, V] (full log-softmax) -> [G] in [0, 1]. It is
+    ``1 - acceptance`` (``sum min(p, q) = 1 - TV``), computed by the monitor's own
+    ``exact_acceptance``, so this loss pushes directly on the quantity whose p5 the schedule's
+    target bounds, with the whole distribution as its signal rather than one sampled token (k3).
     """
-    return 0.5 * (sparse_logprobs.exp() - dense_logprobs.to(sparse_logprobs.dtype).exp()).abs().sum(-1)
+    return 1.0 - exact_acceptance(sparse_logprobs, dense_logprobs.to(sparse_logprobs.dtype))

@@ -10,17 +10,12 @@ import pytest
 import torch
 
 from helpers.server_util import ServerProcess
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs
+from helpers.tiny_models import TINY_VOCAB, load_plain, teacher_forced_logprobs
 from sparrow_server.client import AsyncSparrowClient, SparrowClient, SparrowError
 
 PROMPT = [(i * 5 + 2) % (TINY_VOCAB - 1) for i in range(90)]
 SPARSE = {"budgets_tokens": [64], "dense_layers": [0], "description": "e2e"}
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("e2e-model"))
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
-
-
-@pytest.fixture(scope="module")
 def reference(model_dir):
     return load_plain(model_dir)
 

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 
 from helpers.engine_util import run_requests
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.engine.base import GenerationRequest, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.engine.reference import engine as engine_module
@@ -36,11 +36,6 @@ def request(rid: str, schedule=None, temperature: float = 0.8, seed: int = 1, pr
 
 def victims():
     return request("victim-1", seed=11), request("victim-2", SPARSE, seed=22, prompt=PROMPT[:29])
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("iso"), "llama")
 
 
 @pytest.fixture()

@@ -12,7 +12,7 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from helpers.engine_util import run_requests
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model, tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain, tiny_model
 from sparrow_server.engine.base import GenerationRequest, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.monitor import AcceptanceMetrics, DenseVerifier, HFScorer, VerificationJob
@@ -28,11 +28,6 @@ TEMPERATURE = 1.0
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
 @pytest.fixture(scope="module")

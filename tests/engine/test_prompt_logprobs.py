@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers.engine_util import run_requests
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs
+from helpers.tiny_models import TINY_VOCAB, load_plain, teacher_forced_logprobs
 from sparrow_server.engine.base import GenerationRequest, InvalidRequestError, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.engine.reference import sampler
@@ -20,11 +20,6 @@ SPARSE = Schedule(name="tiny-sparse", budgets_tokens=(48,), dense_layers=(0,), s
 TOL = 1e-4
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
 @pytest.fixture(scope="module")

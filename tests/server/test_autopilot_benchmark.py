@@ -10,7 +10,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from helpers.server_util import REPO
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 from sparrow_server.sparsity.registry import ScheduleRegistry
@@ -22,11 +22,6 @@ _spec.loader.exec_module(bench)
 
 PROMPT = [(i * 5 + 1) % (TINY_VOCAB - 1) for i in range(37)]  # ends mid-page: partial last pages occur
 SCHEDULE = {"budgets_tokens": [64, 80, 96], "bin_tokens": 32, "dense_layers": [0]}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 from sparrow_server.server.security import SecurityConfig
@@ -22,11 +22,6 @@ NAME = "steered"
 # target of 0.999 on a random tiny model: the autopilot has to raise.
 SCHEDULE = {"budgets_tokens": [64, 64, 64], "bin_tokens": 32, "dense_layers": [0]}
 PILOT = {"target": 0.999, "margin": 0.0005, "min_tokens": 30, "ceiling_tokens": 160}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module", autouse=True)

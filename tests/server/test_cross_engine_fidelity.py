@@ -15,7 +15,7 @@ import pytest
 from helpers.engine_util import run_requests
 from helpers.live_server import live_server
 from helpers.server_util import REPO
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.client import SparrowClient
 from sparrow_server.engine.base import GenerationRequest, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
@@ -31,11 +31,6 @@ SCHEDULES = [X.fixed_schedule(64), X.fixed_schedule(96), dense_schedule()]
 TOL = 1e-3  # float32 decode vs float32 teacher-forced forward: rounding only
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
 @pytest.fixture(scope="module")

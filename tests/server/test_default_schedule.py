@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from helpers.live_server import live_server
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.client import FleetError, set_default_schedule
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
@@ -19,11 +19,6 @@ SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_
 SLIME_PAYLOAD = {"input_ids": PROMPT, "return_logprob": True,
                  "sampling_params": {"temperature": 0.0, "max_new_tokens": 12, "no_stop_trim": True,
                                      "spaces_between_special_tokens": False, "skip_special_tokens": True}}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 def make_app(model_dir, state_dir):

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from helpers.server_util import CharTokenizer
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs
+from helpers.tiny_models import TINY_VOCAB, load_plain, teacher_forced_logprobs
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.api_models import SamplingParamsIn
 from sparrow_server.server.app import create_app
@@ -20,11 +20,6 @@ from sparrow_server.sparsity.registry import ScheduleRegistry
 PROMPTS = [[(i * k + 3) % (TINY_VOCAB - 1) + 1 for i in range(30 + 5 * k)] for k in range(1, 4)]
 GREEDY = {"max_new_tokens": 4, "temperature": 0}
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_VOCAB, load_plain
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.monitor.scoring import HFScorer
 from sparrow_server.server.app import create_app
@@ -19,11 +19,6 @@ from sparrow_server.sparsity.schedule import Schedule
 
 PROMPT = [(i * 5 + 2) % (TINY_VOCAB - 1) for i in range(40)]
 SCHEDULE = Schedule(name="tiny-sparse", budgets_tokens=(64,), dense_layers=(0,), threshold=0.9)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from helpers.server_util import CharTokenizer
-from helpers.tiny_models import TINY_CONTEXT, TINY_VOCAB, load_plain, save_tiny_model
+from helpers.tiny_models import TINY_CONTEXT, TINY_VOCAB, load_plain
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 
@@ -23,11 +23,6 @@ EOS = TINY_VOCAB - 1
 PROMPT = [(7 * i + 3) % (TINY_VOCAB - 1) + 1 for i in range(24)]
 PENALTIES = {"frequency_penalty": 1.5, "presence_penalty": 0.5, "repetition_penalty": 1.8}
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("model"))
 
 
 @pytest.fixture(scope="module")
