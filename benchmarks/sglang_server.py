@@ -52,12 +52,19 @@ def write_config(model_dir: str | Path, cfg: dict) -> Path:
     return model_dir
 
 
-def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: float | None = None) -> Path:
+def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: float | None = None,
+                          attn_scale: float = 1.0) -> Path:
     """A 6-layer random Qwen3 (vocab 4096) saved as safetensors; returns its directory.
 
     ``lm_head_std``: an untied output layer with this weight scale (0.5 gives logits of std ~11,
     so next-token distributions are peaked and a top-20 list holds nearly all the mass, as in
-    a trained model); ``None``: tied embeddings, flat distributions."""
+    a trained model); ``None``: tied embeddings, flat distributions.
+    ``attn_scale``: the q-norm weight (1 = Qwen3's initial value). Qwen3 normalises queries and keys,
+    so attention logits have std ~``attn_scale``: at 1 attention over a long random prompt is nearly
+    uniform, the context barely reaches the output and greedy decoding repeats one token whatever
+    pages are attended; at 2 a few keys dominate, the output depends on which pages are attended
+    (a 512-token budget moves the chosen tokens' logprobs by ~0.2 nats median) and greedy outputs
+    vary (9-12 distinct tokens in 48), measured on CPU in float32 (benchmarks/results/gpu_suite/)."""
     import torch
     from safetensors.torch import save_file
 
@@ -70,7 +77,7 @@ def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: flo
     hs, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
     nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     rnd = lambda *shape: (torch.randn(*shape, generator=g) * 0.02).to(torch.bfloat16)
-    ones = lambda n: torch.ones(n, dtype=torch.bfloat16)
+    ones = lambda n, scale=1.0: torch.full((n,), scale, dtype=torch.bfloat16)
     w = {"model.embed_tokens.weight": rnd(cfg["vocab_size"], hs), "model.norm.weight": ones(hs)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -78,7 +85,7 @@ def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: flo
             p + "input_layernorm.weight": ones(hs), p + "post_attention_layernorm.weight": ones(hs),
             p + "self_attn.q_proj.weight": rnd(nq * hd, hs), p + "self_attn.k_proj.weight": rnd(nkv * hd, hs),
             p + "self_attn.v_proj.weight": rnd(nkv * hd, hs), p + "self_attn.o_proj.weight": rnd(hs, nq * hd),
-            p + "self_attn.q_norm.weight": ones(hd), p + "self_attn.k_norm.weight": ones(hd),
+            p + "self_attn.q_norm.weight": ones(hd, attn_scale), p + "self_attn.k_norm.weight": ones(hd),
             p + "mlp.gate_proj.weight": rnd(inter, hs), p + "mlp.up_proj.weight": rnd(inter, hs),
             p + "mlp.down_proj.weight": rnd(hs, inter),
         })
@@ -194,7 +201,7 @@ class Server:
 
 def generate(base: str, input_ids: list[list[int]], max_new_tokens: int, schedule: str | list | None = None,
              temperature: float = 0.0, ignore_eos: bool = True, timeout: float = 900,
-             return_logprob: bool = False) -> list[dict]:
+             return_logprob: bool = False, top_logprobs_num: int = 0) -> list[dict]:
     """One batched /generate call; ``schedule`` (one name or one per prompt) goes in custom_params."""
     schedules = schedule if isinstance(schedule, list) else [schedule] * len(input_ids)
     params = []
@@ -204,6 +211,8 @@ def generate(base: str, input_ids: list[list[int]], max_new_tokens: int, schedul
             sp["custom_params"] = {"sparrow_schedule": s}
         params.append(sp)
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": return_logprob}
+    if top_logprobs_num:
+        payload["top_logprobs_num"] = top_logprobs_num
     req = urllib.request.Request(base + "/generate", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:

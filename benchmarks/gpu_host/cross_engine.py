@@ -193,12 +193,15 @@ def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], d
         for i in pick:
             wanted.setdefault(int(records["layer"][i]), []).append(int(records["length"][i]) - 1)
         ids = torch.tensor(row["prompt_ids"] + row["completion_ids"], device=device)
-        ref = tf_selections(model, ids, plen, schedule_from_dict(row["schedule"]), wanted)
+        sched = schedule_from_dict(row["schedule"])
+        ref = tf_selections(model, ids, plen, sched, wanted)
         for i in pick:
             layer, t, head = int(records["layer"][i]), int(records["length"][i]) - 1, int(records["head"][i])
             if t >= ids.shape[0]:
                 continue
-            a, b = set(records["pages"][i].tolist()), set(ref[(layer, t)][head].tolist())
+            # a layer the reference attends densely (a dense layer of the schedule) reads every page
+            expected = ref[(layer, t)][head] if (layer, t) in ref else np.arange(-(-(t + 1) // sched.page_size))
+            a, b = set(records["pages"][i].tolist()), set(expected.tolist())
             equal.append(a == b)
             jaccard.append(len(a & b) / max(len(a | b), 1))
             per_layer.setdefault(layer, []).append(a == b)

@@ -161,22 +161,47 @@ def _allocation_mib(log: str) -> tuple[float, float]:
     return (float(kv.group(1)) + float(kv.group(2))) * 1024, float(landmarks.group(1))
 
 
-@pytest.mark.parametrize("tags,resume_stages", [(["kv_cache"], [["kv_cache"]]),
-                                                (None, [["weights"], ["kv_cache"]])])  # slime: all, then 2 stages
-def test_release_and_resume_memory_frees_the_landmarks_with_the_kv_pool(server, tags, resume_stages):
+def _release(server, tags) -> dict:
     kv_mib, landmark_mib = _allocation_mib(server.log_path.read_text(errors="replace"))
     slime_flush(server.base)
     before = free_gpu_bytes()
     slime_request(server.base, "release_memory_occupation", {"tags": tags} if tags else None)
-    freed_mib = (free_gpu_bytes() - before) / 2**20
-    RESULTS.setdefault("release", []).append({"tags": tags, "freed_mib": freed_mib, "kv_mib": kv_mib,
-                                              "landmarks_mib": landmark_mib, "memory_saver": MEMORY_SAVER})
-    for stage in resume_stages:
-        slime_request(server.base, "resume_memory_occupation", {"tags": stage})
-    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+    freed = {"tags": tags, "freed_mib": (free_gpu_bytes() - before) / 2**20, "kv_mib": kv_mib,
+             "landmarks_mib": landmark_mib, "memory_saver": MEMORY_SAVER}
+    RESULTS.setdefault("release", []).append(freed)
+    return freed
+
+
+def _check_freed(freed: dict) -> None:
     if not MEMORY_SAVER:
         pytest.skip("torch_memory_saver is not installed: release/resume ran, nothing was freed to check")
-    assert freed_mib >= 0.95 * (kv_mib + landmark_mib)
+    assert freed["freed_mib"] >= 0.95 * (freed["kv_mib"] + freed["landmarks_mib"]), freed
+
+
+def test_release_and_resume_kv_cache_frees_the_landmarks_with_the_kv_pool(server):
+    """verl/slime between rollouts with the weights kept: release ``kv_cache``, resume it; the rollout
+    is the fresh server's (the landmarks were zeroed on resume and rebuilt by the next prefill)."""
+    freed = _release(server, ["kv_cache"])
+    slime_request(server.base, "resume_memory_occupation", {"tags": ["kv_cache"]})
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+    _check_freed(freed)
+
+
+def test_slime_release_all_resume_weights_update_resume_kv(server, paths):
+    """slime's colocated step: release everything, resume the weights (with the memory saver their
+    contents are gone), load the new policy's weights, resume the KV cache, roll out. The rollout
+    equals the one served on those weights before (``weights_b``), not the old weights'."""
+    freed = _release(server, None)
+    slime_request(server.base, "resume_memory_occupation", {"tags": ["weights"]})
+    assert slime_request(server.base, "update_weights_from_disk",
+                         {"model_path": str(paths["b"]), "weight_version": "b-resumed"})["success"] is True
+    slime_request(server.base, "resume_memory_occupation", {"tags": ["kv_cache"]})
+    tokens = slime_rollout(server.base)[0]
+    RESULTS["slime_resume_equals_b"] = tokens == RESULTS["weights_b"]
+    assert tokens == RESULTS["weights_b"] and tokens != RESULTS["fresh"]
+    slime_request(server.base, "update_weights_from_disk", {"model_path": str(paths["a"]), "weight_version": "a"})
+    assert slime_rollout(server.base)[0] == RESULTS["fresh"]
+    _check_freed(freed)
 
 
 def test_update_weights_from_tensor_in_process(server, paths):
@@ -214,7 +239,7 @@ def test_sglang_launched_the_way_slime_launches_it_loads_the_plugin(server, path
               "enable_memory_saver": False, "host": "127.0.0.1", "port": SLIME_PORT, "nnodes": 1, "node_rank": 0,
               "tp_size": 1, "dp_size": 1, "pp_size": 1, "ep_size": 1, "skip_server_warmup": True,
               "enable_metrics": True, "attention_backend": "sparrow", "page_size": 16,
-              "mem_fraction_static": 0.2, "cuda_graph_max_bs": 8, "disable_radix_cache": True,
+              "mem_fraction_static": 0.2, "cuda_graph_max_bs_decode": 8, "disable_radix_cache": True,
               "skip_tokenizer_init": True}
     log = open(_out(paths["tmp"]) / "server-slime-launch.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", SLIME_LAUNCH, json.dumps(kwargs)], stdout=log,
@@ -267,7 +292,7 @@ def test_sglang_engine_with_verl_server_args_loads_the_plugin(server, paths):
             "enable_memory_saver": MEMORY_SAVER, "base_gpu_id": 0, "gpu_id_step": 1, "tp_size": 1, "dp_size": 1,
             "ep_size": 1, "node_rank": 0, "load_format": "auto", "nnodes": 1, "trust_remote_code": False,
             "max_running_requests": 8, "log_level": "info", "skip_tokenizer_init": True, "skip_server_warmup": True,
-            "attention_backend": "sparrow", "page_size": 16, "cuda_graph_max_bs": 8, "disable_radix_cache": True}
+            "attention_backend": "sparrow", "page_size": 16, "cuda_graph_max_bs_decode": 8, "disable_radix_cache": True}
     log_path = _out(paths["tmp"]) / "verl-engine.log"
     with open(log_path, "w") as log:
         done = subprocess.run([sys.executable, "-c", VERL_ENGINE, json.dumps(args), json.dumps(PROMPT)], stdout=log,

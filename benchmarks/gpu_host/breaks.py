@@ -1,0 +1,177 @@
+"""Deliberate breaks of the production engine, each expected to fail at least one GPU test.
+
+Each break is one exact text substitution in one file of ``sparrow_server`` and the GPU tests that
+should catch it. ``run`` copies the tree once per break (so breaks run side by side, one per GPU, and
+the checkout is never edited), applies the break there, runs its tests, and writes one JSON line
+per break: which tests failed (caught) or that none did (survived).
+
+    python benchmarks/gpu_host/breaks.py list
+    python benchmarks/gpu_host/breaks.py check                # every substitution applies exactly once (CPU)
+    python benchmarks/gpu_host/breaks.py run --gpus 0,1 --out DIR [--only NAME ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVING = "tests/gpu/test_sglang_serving.py"
+TP = "tests/gpu/test_sglang_tp.py"
+BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
+PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
+KERNELS = "sparrow_server/kernels/sparse_decode.py"
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    gpus: int = 1
+
+
+BREAKS = (
+    Break("schedule_from_wrong_row", "each request planned with the schedule of the batch row before it",
+          BACKEND, "schedules = [self.table.schedule_of(int(r)) for r in rows]",
+          "schedules = [self.table.schedule_of(int(r)) for r in np.roll(rows, 1)]",
+          (f"{SERVING}::test_mixed_batch_equals_alone",)),
+    Break("graph_one_schedule_for_all", "under CUDA graphs every request gets the first request's budget",
+          BACKEND, "schedules = [self.table.schedule_of(int(r)) for r in rows]",
+          "schedules = [self.table.schedule_of(int(rows[0] if graph else r)) for r in rows]",
+          (f"{SERVING}::test_mixed_batch_equals_alone",)),
+    Break("sink_off_by_one", "one sink page more (one top-k page fewer) than the schedule says",
+          PLANNING, "sink, recent = schedule.sink_pages, schedule.recent_pages",
+          "sink, recent = schedule.sink_pages + 1, schedule.recent_pages",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("recent_off_by_one", "one recent page more (one top-k page fewer) than the schedule says",
+          PLANNING, "sink, recent = schedule.sink_pages, schedule.recent_pages",
+          "sink, recent = schedule.sink_pages, schedule.recent_pages + 1",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("kv_head_landmarks_swapped", "each KV head's pages scored with the next KV head's landmarks",
+          KERNELS, "lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :]",
+          "lm = tl.load(lm_ptr + page[:, None] * (H * D) + ((h + 1) % H) * D + d[None, :]",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
+          KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
+          "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("dense_layers_ignored", "the schedule's dense layers decoded sparsely",
+          BACKEND, "dense = set(self.table.default.dense_layers)", "dense = set()",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("landmarks_stale_after_prefill", "prefill does not recompute the landmarks of the pages it writes "
+          "(pages keep whatever an earlier request, or the old weights, left)",
+          BACKEND, "if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:",
+          "if False:", (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("kv_heads_swapped_between_ranks", "each TP rank believes it holds the other rank's KV heads",
+          PLANNING, "return tuple(range(rank * n, (rank + 1) * n))",
+          "return tuple(range((tp_size - 1 - rank) * n, (tp_size - rank) * n))",
+          (f"{TP}::test_each_rank_builds_the_backend_over_its_own_kv_heads",
+           f"{TP}::test_each_rank_selects_what_the_oracle_selects"), gpus=2),
+)
+
+
+def by_name(names) -> list[Break]:
+    known = {b.name: b for b in BREAKS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown break(s) {unknown}: one of {sorted(known)}")
+    return [known[n] for n in names] if names else list(BREAKS)
+
+
+def apply(root: Path, brk: Break) -> None:
+    path = root / brk.path
+    text = path.read_text()
+    if text.count(brk.old) != 1:
+        raise ValueError(f"{brk.name}: {brk.path} holds the text to replace {text.count(brk.old)} times (want 1)")
+    path.write_text(text.replace(brk.old, brk.new))
+
+
+def copy_tree(dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(ROOT, dest, ignore=shutil.ignore_patterns(".git", ".whl*", ".kit", ".rt", "__pycache__", ".gpu*",
+                                                               ".model*"))
+    return dest
+
+
+def run_one(brk: Break, gpus: str, port_offset: int, out: Path, timeout_s: float) -> dict:
+    tree = copy_tree(Path("/tmp") / f"break-{brk.name}")
+    apply(tree, brk)
+    log = out / f"break-{brk.name}.log"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus, SPARROW_GPU_PORT_OFFSET=str(port_offset),
+               OUT=str(tree / "out"), PYTHONPATH=f"{tree}:{os.environ.get('PYTHONPATH', '')}")
+    (tree / "out").mkdir()
+    t0 = time.time()
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
+                               f"--basetemp=/tmp/break-{brk.name}-pytest", *brk.tests], cwd=tree, env=env,
+                              stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
+    failed = [line.split(" ")[1] for line in log.read_text(errors="replace").splitlines()
+              if line.startswith("FAILED ") or line.startswith("ERROR ")]
+    return {"break": brk.name, "what": brk.what, "file": brk.path, "caught": bool(failed) and proc.returncode != 0,
+            "failed_tests": failed, "returncode": proc.returncode, "seconds": round(time.time() - t0, 1)}
+
+
+def run(breaks: list[Break], gpus: list[str], out: Path, timeout_s: float) -> list[dict]:
+    """One break per GPU at a time (a two-GPU break takes every GPU); results in the breaks' order."""
+    out.mkdir(parents=True, exist_ok=True)
+    single = [b for b in breaks if b.gpus == 1]
+    results = {}
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        lanes = [single[i::len(gpus)] for i in range(len(gpus))]
+
+        def lane(i: int) -> None:
+            for b in lanes[i]:
+                results[b.name] = run_one(b, gpus[i], 1000 * i, out, timeout_s)
+
+        list(pool.map(lane, range(len(gpus))))
+    for b in breaks:
+        if b.gpus > 1:
+            results[b.name] = (run_one(b, ",".join(gpus), 0, out, timeout_s) if len(gpus) >= b.gpus else
+                               {"break": b.name, "skipped": f"needs {b.gpus} GPUs"})
+    ordered = [results[b.name] for b in breaks]
+    with open(out / "breaks.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in ordered)
+    return ordered
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list")
+    sub.add_parser("check")
+    r = sub.add_parser("run")
+    r.add_argument("--gpus", default="0", help="comma-separated GPU ids, one lane each")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--only", nargs="*", default=[])
+    r.add_argument("--timeout-s", type=float, default=500)
+    args = ap.parse_args()
+    if args.cmd == "list":
+        for b in BREAKS:
+            print(f"{b.name}: {b.what} ({b.path}; caught by {', '.join(t.split('::')[1] for t in b.tests)})")
+        return 0
+    if args.cmd == "check":
+        for b in BREAKS:
+            text = (ROOT / b.path).read_text()
+            assert text.count(b.old) == 1, (b.name, text.count(b.old))
+        print(f"{len(BREAKS)} breaks apply")
+        return 0
+    results = run(by_name(args.only), args.gpus.split(","), args.out, args.timeout_s)
+    for res in results:
+        print(json.dumps(res))
+    return 0 if all(res.get("caught") for res in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

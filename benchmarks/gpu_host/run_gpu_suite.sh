@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU test suite (tests/gpu/) on a GPU host, in parts that each fit one device call (< 9 min):
+#   R=<repo root holding .kit and .whl> OUT=<returned folder> bash benchmarks/gpu_host/run_gpu_suite.sh PART
+# PART 1: serving, service, kernel (and cross-engine) tests at once on GPU 0 (their servers cap their KV
+#         pools, so they share a card); with 2 GPUs, trainer compat alone on GPU 1 (it measures the
+#         card's free memory around a release, so nothing else may run there).
+# PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat (the TP tests skip).
+# PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree).
+# Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
+# $OUT/gpu_suite_part<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
+# The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
+set -uo pipefail
+PART="${1:?part: 1, 2 or breaks}"
+R="${R:-$PWD}"; OUT="${OUT:-/tmp/gpu-suite-out}"; SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"
+W="/tmp/gpu-suite-$PART"
+mkdir -p "$OUT" "$W"
+T0=$(date +%s)
+log() { echo "[suite $PART +$(( $(date +%s) - T0 ))s] $*"; }
+
+if [ -f "$R/.kit/install.sh" ]; then
+  eval "$(cd "$R" && SITE="$SITE" bash .kit/install.sh 2>>"$OUT/install.log")"
+fi
+[ -d "$SITE/sglang" ] || { log "no $SITE/sglang: install the kit first (carry .kit and .whl)"; exit 3; }
+python3 benchmarks/dev_entry_point.py "$SP" >/dev/null
+export PYTHONPATH=$PWD:$SP:$SITE${PYTHONPATH:+:$PYTHONPATH}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+NGPU=$(nvidia-smi -L | wc -l)
+log "$NGPU GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+git rev-parse HEAD > "$W/code_state.txt" 2>/dev/null || echo "no git here" > "$W/code_state.txt"
+
+module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its files under $W/NAME
+  local gpus=$1 name=$2
+  mkdir -p "$W/$name"
+  log "start $name on GPU $gpus"
+  CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$name" timeout 560 python3 -m pytest -q -p no:cacheprovider -rfEs \
+    --basetemp="/tmp/pytest-$name" "tests/gpu/test_$name.py" > "$W/$name/pytest.log" 2>&1
+  local rc=$?
+  echo "$name (GPU $gpus, rc $rc, $(( $(date +%s) - T0 )) s into part $PART): $(tail -n 1 "$W/$name/pytest.log")" \
+    >> "$W/summary.txt"
+  log "done $name rc=$rc: $(tail -n 1 "$W/$name/pytest.log")"
+}
+
+case "$PART" in
+  1)
+    module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
+    [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat &
+    wait ;;
+  2)
+    if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
+  breaks)
+    gpus=$(seq -s, 0 $(( NGPU - 1 )))
+    log "breaks on GPUs $gpus"
+    python3 benchmarks/gpu_host/breaks.py run --gpus "$gpus" --out "$W/breaks" > "$W/breaks.log" 2>&1
+    echo "breaks (GPUs $gpus, rc $?): $(grep -c '"caught": true' "$W/breaks/breaks.jsonl" 2>/dev/null) of" \
+      "$(wc -l < "$W/breaks/breaks.jsonl" 2>/dev/null) caught" >> "$W/summary.txt"
+    cp "$W/breaks/breaks.jsonl" "$OUT/" 2>/dev/null ;;
+  *) log "unknown part $PART"; exit 2 ;;
+esac
+
+cat "$W/summary.txt" | tee -a "$OUT/gpu_suite_summary.txt"
+tar -C /tmp -cJf "$OUT/gpu_suite_part$PART.tar.xz" "gpu-suite-$PART" 2>/dev/null
+log "packed $OUT/gpu_suite_part$PART.tar.xz ($(du -h "$OUT/gpu_suite_part$PART.tar.xz" | cut -f1))"
+! grep -q "rc [1-9]" "$W/summary.txt"
