@@ -11,6 +11,8 @@ import sys
 import tempfile
 import time
 
+from sparrow_server.commands import SUMMARIES
+
 DEMO_SCHEDULE = {
     "name": "demo-sparse",
     "budgets_tokens": [64],  # 4 pages: sink + 2 recent + 1 chosen by score, once the sequence passes 64 tokens
@@ -22,7 +24,7 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="serve the embedded model, stream one sparse rollout, exit")
+    p = subparsers.add_parser("demo", help=SUMMARIES["demo"])
     p.add_argument("--model", default=None, help="model to serve (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--max-new-tokens", type=int, default=80)
     p.add_argument("--prompt", default=DEMO_PROMPT)

@@ -7,11 +7,12 @@ import json
 import sys
 import time
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.client.common import DEFAULT_URL
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("rollout", help="stream one rollout from a running server and print it")
+    p = subparsers.add_parser("rollout", help=SUMMARIES["rollout"])
     add_rollout_arguments(p)
     p.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
     p.set_defaults(func=run)

@@ -5,12 +5,13 @@ import argparse
 import json
 import sys
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, dump_schedule, load_schedule
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("schedules", help="list, show and validate sparsity schedules")
+    parser = subparsers.add_parser("schedules", help=SUMMARIES["schedules"])
     sub = parser.add_subparsers(dest="schedules_command", required=True, metavar="ACTION")
 
     p_list = sub.add_parser("list", help="every schedule name the server resolves")
