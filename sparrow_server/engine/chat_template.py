@@ -31,7 +31,9 @@ def chat_template_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     to the template (e.g. ``enable_thinking``); a reserved key raises ``InvalidRequestError``
     naming ``kwargs_field.KEY``."""
     extra = dict(template_kwargs or {})
-    for key in sorted(RESERVED_TEMPLATE_KWARGS & extra.keys()):
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & extra.keys())
+    if reserved:
+        key = reserved[0]
         raise InvalidRequestError(f"{kwargs_field}.{key}", extra[key], "is set by the server and cannot be overridden")
     out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, **extra)
     return token_id_list(out)
