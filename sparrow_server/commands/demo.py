@@ -1,6 +1,6 @@
 """``sparrow-server demo``: start a server on the embedded model (a subprocess on a free loopback
 port, with a throw-away state directory), register a small sparse schedule, stream one rollout
-under it, print it, stop the server and exit 0."""
+under it, print it (text, per-token sparse logprobs, summary), stop the server and exit 0."""
 from __future__ import annotations
 
 import argparse
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"prompt: {args.prompt}\n")
                 kwargs = dict(text=args.prompt, apply_chat_template=True, schedule=DEMO_SCHEDULE["name"],
                               sampling_params={"max_new_tokens": args.max_new_tokens, "temperature": 0.7, "seed": 0})
-                return stream_and_print(client, kwargs)
+                return stream_and_print(client, kwargs, logprobs=True)
         except RuntimeError as exc:
             print(f"sparrow-server demo: {exc}", file=sys.stderr)
             return 1
