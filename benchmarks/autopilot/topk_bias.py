@@ -90,6 +90,7 @@ def run_cpu(args: argparse.Namespace) -> None:
     import torch
 
     from sparrow_server.engine.base import GenerationRequest, SamplingParams
+    from sparrow_server.engine.chat_template import chat_template_ids, user_turn
     from sparrow_server.engine.reference import ReferenceEngine
     from sparrow_server.models import load_model
     from sparrow_server.monitor.scoring import HFScorer
@@ -101,9 +102,7 @@ def run_cpu(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()][:args.prompts]
     prompts = []
     for r in rows:
-        p = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=False)
-        prompts.append(tuple(p["input_ids"] if isinstance(p, dict) else p))
+        prompts.append(tuple(chat_template_ids(tok, user_turn(r["prompt"]))))
     schedules = {b: fixed_schedule(b, args.bin_tokens) for b in args.budgets}
     schedules[0] = dense_schedule()
     engine = ReferenceEngine(loaded.model, tok, "smollm2", kv_pool_tokens=len(schedules) * len(prompts) * 400,

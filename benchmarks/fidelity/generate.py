@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--continue-from", type=Path, default=None, help="a previous --out folder to extend")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    from sparrow_server.engine.chat_template import chat_template_ids, user_turn
     from sparrow_server.models import load_model
 
     loaded = load_model(None)
@@ -56,9 +57,7 @@ def main() -> None:
         prompts = [r["prompt_ids"] + r["completion_ids"] for r in rows]
     else:
         rows = select_prompts(args.prompts, args.per_kind)
-        prompts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                           tokenize=True, return_dict=False) for r in rows]
-        prompts = [list(p["input_ids"] if isinstance(p, dict) else p) for p in prompts]
+        prompts = [chat_template_ids(tok, user_turn(r["prompt"])) for r in rows]
     width = max(len(p) for p in prompts)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])

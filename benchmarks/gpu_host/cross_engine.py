@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from sparrow_server.engine.chat_template import chat_template_ids, user_turn
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule, schedule_from_dict
 
 TOP_K = 20
@@ -61,9 +62,7 @@ def load_prompts(path: Path, tokenizer: Any | None) -> list[tuple[str, list[int]
         else:
             if tokenizer is None:
                 raise ValueError(f"{path}: line {i + 1} has a text prompt but the model has no tokenizer")
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+            ids = chat_template_ids(tokenizer, user_turn(row["prompt"]))
         out.append((str(row.get("id", i)), ids))
     return out
 

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sparrow_server.engine.chat_template import chat_template_ids, user_turn
+
 QUESTION = "What is {a}+{b}? Answer with the number."
 DEFAULT_MAX_OPERAND = 20
 _INTEGER = re.compile(r"-?\d+")
@@ -36,11 +38,7 @@ def arithmetic_problems(count: int, seed: int, max_operand: int = DEFAULT_MAX_OP
 
 def prompt_ids(tokenizer: Any, problem: Problem) -> list[int]:
     """The chat-formatted prompt as token ids (generation prompt appended)."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": problem.question}],
-                                        add_generation_prompt=True, tokenize=True)
-    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-        ids = ids["input_ids"]
-    return [int(t) for t in ids]
+    return chat_template_ids(tokenizer, user_turn(problem.question))
 
 
 def last_integer(text: str) -> int | None:

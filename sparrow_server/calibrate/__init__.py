@@ -1,12 +1,31 @@
 """Calibration: sparse rollouts at fixed budgets, dense verification, p5 per (budget, length bin)
 with bootstrap intervals, the cheapest feasible non-decreasing schedule, and a report folder."""
-from sparrow_server.calibrate.pipeline import (
-    BudgetMeasurement, CalibrationConfig, CalibrationResult, fixed_budget_schedule, measure_budget, run_calibration,
-)
-from sparrow_server.calibrate.prompts import PromptError, load_prompts
-from sparrow_server.calibrate.sources import EngineRolloutSource, Rollout, ServerRolloutSource
+from __future__ import annotations
 
-__all__ = [
-    "BudgetMeasurement", "CalibrationConfig", "CalibrationResult", "fixed_budget_schedule", "measure_budget",
-    "run_calibration", "PromptError", "load_prompts", "EngineRolloutSource", "Rollout", "ServerRolloutSource",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Public name -> defining module, imported on first use: ``sparrow-server calibrate --help``
+# reads the defaults in ``pipeline`` without torch.
+_EXPORTS = {
+    "sparrow_server.calibrate.pipeline": ("BudgetMeasurement", "CalibrationConfig", "CalibrationResult",
+                                          "fixed_budget_schedule", "measure_budget", "run_calibration"),
+    "sparrow_server.calibrate.prompts": ("PromptError", "load_prompts"),
+    "sparrow_server.calibrate.sources": ("EngineRolloutSource", "Rollout", "ServerRolloutSource"),
+}
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+if TYPE_CHECKING:  # the same names, for type checkers and the layering test
+    from sparrow_server.calibrate.pipeline import (
+        BudgetMeasurement, CalibrationConfig, CalibrationResult, fixed_budget_schedule, measure_budget,
+        run_calibration,
+    )
+    from sparrow_server.calibrate.prompts import PromptError, load_prompts
+    from sparrow_server.calibrate.sources import EngineRolloutSource, Rollout, ServerRolloutSource
+
+
+def __getattr__(name: str) -> Any:
+    for module, names in _EXPORTS.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sparrow_server.engine.chat_template import chat_template_ids, user_turn
+
 
 class PromptError(ValueError):
     """A bad prompts file; the message names the file, the line and the field."""
@@ -47,9 +49,7 @@ def _prompt_ids(row: Any, tokenizer: Any | None, where: str) -> tuple[int, ...]:
     if tokenizer is None:
         raise PromptError(f"{where}: field {key!r} needs a tokenizer, and the model has none (use 'input_ids')")
     if key == "prompt" and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        ids = chat_template_ids(tokenizer, user_turn(text))
     else:
         ids = tokenizer(text)["input_ids"]
     return tuple(int(t) for t in ids)

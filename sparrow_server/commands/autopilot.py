@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.autopilot.controller import (
     ACCEPTANCE_KINDS,
     DEFAULT_ACCEPTANCE,
@@ -28,7 +29,7 @@ from sparrow_server.server.security import API_KEY_ENV
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("autopilot", help="steer one schedule across a fleet from pooled verification data")
+    p = subparsers.add_parser("autopilot", help=SUMMARIES["autopilot"])
     p.add_argument("--servers", required=True, help="comma-separated server URLs")
     p.add_argument("--schedule", required=True, help="the (registered, sparse) schedule to steer")
     p.add_argument("--target", type=float, required=True, help="p5 acceptance to hold in every length bin")

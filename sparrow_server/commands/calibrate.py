@@ -12,6 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.calibrate.pipeline import (
     DEFAULT_BUDGETS, DEFAULT_CALIBRATION_TEMPERATURE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SAMPLES_PER_PROMPT, DEFAULT_SEED,
     DEFAULT_THRESHOLD, CalibrationConfig, CalibrationError,
@@ -24,7 +25,7 @@ COST_DTYPE = "bfloat16"  # the cost model prices serving weights/KV in bf16 what
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("calibrate", help="calibrate a schedule for a model (p5 acceptance >= threshold)",
+    p = subparsers.add_parser("calibrate", help=SUMMARIES["calibrate"],
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF directory or .gguf (default: the embedded SmolLM2-135M)")
     p.add_argument("--prompts", required=True, type=Path, help="JSONL: input_ids, prompt (chat) or text per line")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.cost.hardware import DEFAULT_HARDWARE, HARDWARE_PRESETS, SPEC_HARDWARE, resolve_hardware
 from sparrow_server.cost.model_shape import MODEL_PRESETS, ModelShapeError, resolve_model
 from sparrow_server.cost.paper import paper_cost
@@ -17,7 +18,7 @@ from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("cost", help="predicted rollout speedup of a schedule (roofline cost model)")
+    p = subparsers.add_parser("cost", help=SUMMARIES["cost"])
     p.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(MODEL_PRESETS)}) or a path to an HF config.json / model folder")
     p.add_argument("--schedule", required=True, help="a schedule name, or a path to a schedule file")

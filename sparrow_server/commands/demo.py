@@ -1,6 +1,6 @@
 """``sparrow-server demo``: start a server on the embedded model (a subprocess on a free loopback
 port, with a throw-away state directory), register a small sparse schedule, stream one rollout
-under it, print it, stop the server and exit 0."""
+under it, print it (text, per-token sparse logprobs, summary), stop the server and exit 0."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from sparrow_server.commands import SUMMARIES
 
 DEMO_SCHEDULE = {
     "name": "demo-sparse",
@@ -22,7 +24,7 @@ STARTUP_TIMEOUT_S = 300.0
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="serve the embedded model, stream one sparse rollout, exit")
+    p = subparsers.add_parser("demo", help=SUMMARIES["demo"])
     p.add_argument("--model", default=None, help="model to serve (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--max-new-tokens", type=int, default=80)
     p.add_argument("--prompt", default=DEMO_PROMPT)
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"prompt: {args.prompt}\n")
                 kwargs = dict(text=args.prompt, apply_chat_template=True, schedule=DEMO_SCHEDULE["name"],
                               sampling_params={"max_new_tokens": args.max_new_tokens, "temperature": 0.7, "seed": 0})
-                return stream_and_print(client, kwargs)
+                return stream_and_print(client, kwargs, logprobs=True)
         except RuntimeError as exc:
             print(f"sparrow-server demo: {exc}", file=sys.stderr)
             return 1

@@ -13,11 +13,12 @@ import json
 import sys
 from pathlib import Path
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.distill import config as dc
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("distill", help="train a DistillSparse LoRA for a schedule",
+    p = subparsers.add_parser("distill", help=SUMMARIES["distill"],
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="HF directory or .gguf (default: the embedded SmolLM2-135M)")
     src = p.add_mutually_exclusive_group(required=True)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 import time
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.client.common import DEFAULT_URL
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("rollout", help="stream one rollout from a running server and print it")
+    p = subparsers.add_parser("rollout", help=SUMMARIES["rollout"])
     add_rollout_arguments(p)
     p.add_argument("--url", default=DEFAULT_URL, help=f"server URL (default {DEFAULT_URL})")
     p.set_defaults(func=run)
@@ -48,8 +50,19 @@ def request_kwargs(args: argparse.Namespace) -> dict:
     return kwargs
 
 
-def stream_and_print(client, kwargs: dict, as_json: bool = False, ndjson: bool = False, out=None) -> int:
-    """Stream one rollout, print it, then a summary; 0 when it finished normally."""
+LOGPROBS_HEADING = "sparse (behaviour) logprobs, one per token:"
+LOGPROBS_LINE_CHARS = 100  # width of the printed per-token logprobs
+
+
+def format_logprobs(logprobs: list[float]) -> str:
+    """Per-token logprobs, two decimals each, wrapped into lines of ``LOGPROBS_LINE_CHARS``."""
+    return textwrap.fill(" ".join(f"{lp:.2f}" for lp in logprobs), width=LOGPROBS_LINE_CHARS)
+
+
+def stream_and_print(client, kwargs: dict, as_json: bool = False, ndjson: bool = False, out=None,
+                     logprobs: bool = False) -> int:
+    """Stream one rollout, print it (with ``logprobs``, then its per-token sparse logprobs), then a
+    summary; 0 when it finished normally."""
     out = out or sys.stdout  # looked up per call: tests and callers may swap sys.stdout
     from sparrow_server.client import RolloutResult
 
@@ -65,6 +78,8 @@ def stream_and_print(client, kwargs: dict, as_json: bool = False, ndjson: bool =
     elapsed = time.monotonic() - started
     meta = result.meta
     mean_lp = sum(result.logprobs) / len(result.logprobs) if result.logprobs else float("nan")
+    if logprobs and not as_json:  # the JSON events carry them already
+        print(f"\n{LOGPROBS_HEADING}\n{format_logprobs(result.logprobs)}", end="", file=out)
     budget = "n/a" if meta.kv_budget_tokens_mean is None else f"{meta.kv_budget_tokens_mean:.1f}"
     print(f"\n--- {meta.completion_tokens} tokens in {elapsed:.2f} s ({meta.completion_tokens / elapsed:.1f} tok/s); "
           f"finish {meta.finish_reason}; schedule {meta.schedule}; adapter {meta.adapter}; prompt {meta.prompt_tokens} tokens; "

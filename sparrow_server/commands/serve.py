@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.commands.serve_security import add_security_arguments, limits_from_args, security_from_args
 from sparrow_server.engine.adapter_versions import DEFAULT_MAX_LORA_RANK
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME
@@ -17,7 +18,7 @@ DEFAULT_PORT = 30000  # SGLang's default port, so SGLang clients work unchanged
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("serve", help="start the rollout server", allow_abbrev=False,
+    p = subparsers.add_parser("serve", help=SUMMARIES["serve"], allow_abbrev=False,
                               description="Serve /rollout, SGLang's /generate, schedules, health and metrics. "
                                           "With --engine sglang, arguments this command does not know go to "
                                           "SGLang's server (e.g. --mem-fraction-static 0.8 --enable-lora).")

@@ -7,11 +7,12 @@ import json
 import os
 import sys
 
+from sparrow_server.commands import SUMMARIES
 from sparrow_server.client.common import DEFAULT_TIMEOUT_S, DEFAULT_URL
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("weights", help="update weights / pause / resume running servers",
+    p = subparsers.add_parser("weights", help=SUMMARIES["weights"],
                               description="Weight updates between RL steps, sent to every --url at once.")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     update = sub.add_parser("update", help="POST /update_weights_from_disk on every server")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sparrow_server.engine.weights import WeightLoadError
+from sparrow_server.models import user_path
 
 # Config keys that do not change what the weights compute (bookkeeping, attention kernel choice).
 IGNORED_CONFIG_KEYS = frozenset({
@@ -45,7 +46,10 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 
 
 def checkpoint_signature(model_path: str | Path, field: str = "model_path") -> CheckpointSignature:
-    path = Path(model_path).expanduser()
+    try:
+        path = user_path(model_path)
+    except ValueError as exc:
+        raise WeightLoadError(field, str(model_path), str(exc)) from None
     if not path.is_dir():
         raise WeightLoadError(field, str(model_path), "no such directory")
     config_file = path / "config.json"

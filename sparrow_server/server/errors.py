@@ -2,6 +2,7 @@
 and names the offending field and value (422), the unknown name (404) or the numbers (400)."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,9 +38,26 @@ def _loc(loc: tuple) -> str:
     return out or "body"
 
 
+JSON_EXCERPT_CHARS = 20  # of the body on each side of where a malformed JSON body broke
+
+
+def _invalid_json(error: dict[str, Any], document: Any) -> JSONResponse:
+    """A body that is not JSON: where it broke (line, column, character) and the parser's message, with
+    the text around that point (FastAPI reports only the character offset)."""
+    text = document.decode("utf-8", "replace") if isinstance(document, (bytes, bytearray)) else str(document or "")
+    position = error["loc"][-1] if error.get("loc") and isinstance(error["loc"][-1], int) else 0
+    parsed = json.JSONDecodeError((error.get("ctx") or {}).get("error", "invalid JSON"), text, min(position, len(text)))
+    near = text[max(0, parsed.pos - JSON_EXCERPT_CHARS):parsed.pos + JSON_EXCERPT_CHARS]
+    reason = f"not valid JSON: {parsed}"  # "Expecting value: line 2 column 5 (char 21)"
+    return error_response(422, "invalid_request", f"body = {near!r}: {reason}", field="body", value=near, reason=reason,
+                          line=parsed.lineno, column=parsed.colno, position=parsed.pos)
+
+
 async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":
+        return _invalid_json(first, exc.body)
     field, value = _loc(tuple(first.get("loc", ()))), first.get("input")
     message = f"{field} = {value!r}: {first.get('msg')}"
     return error_response(422, "invalid_request", message, field=field, value=value,

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
 from sparrow_server.engine.base import InvalidRequestError, UnknownAdapterError
+from sparrow_server.engine.chat_template import chat_template_ids
 from sparrow_server.server import formats
 from sparrow_server.server.admission import GuardedStreamingResponse, admission_of, guarded_call, guarded_stream
 from sparrow_server.server.handling import CLIENT_CLOSED, SSE, admit, unless_disconnected
@@ -80,10 +81,7 @@ def _model_card(service: RolloutService, model_id: str) -> dict[str, Any]:
 def _chat_ids(service: RolloutService, body: ChatCompletionIn) -> tuple[int, ...]:
     if service.tokenizer is None:
         raise InvalidRequestError("messages", "<chat>", "this server's model has no tokenizer (chat needs one)")
-    kwargs = body.chat_template_kwargs or {}
-    ids = service.tokenizer.apply_chat_template(body.conversation(), add_generation_prompt=True, tokenize=True,
-                                                **kwargs)
-    return tuple(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return tuple(chat_template_ids(service.tokenizer, body.conversation(), body.chat_template_kwargs))
 
 
 def _prepare(service: RolloutService, endpoint: str, ids: tuple[int, ...], body, max_new_tokens: int | None,

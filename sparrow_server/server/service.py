@@ -17,6 +17,7 @@ from sparrow_server.engine.base import (
     GenerationRequest,
     InvalidRequestError,
 )
+from sparrow_server.engine.chat_template import chat_template_ids, user_turn
 from sparrow_server.monitor import service_hooks
 from sparrow_server.server.api_models import SamplingParamsIn, check_n
 from sparrow_server.server.metrics import ServiceMetrics
@@ -129,9 +130,7 @@ class RolloutService:
         if not text:
             raise InvalidRequestError("text", text, "must not be empty")
         if chat:
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False)
-            return tuple(ids["input_ids"] if isinstance(ids, dict) else ids)
+            return tuple(chat_template_ids(self.tokenizer, user_turn(text)))
         return tuple(self.tokenizer(text)["input_ids"])
 
     def prepare(self, endpoint: str, input_ids: tuple[int, ...], sampling: SamplingParamsIn, schedule_name: str | None,

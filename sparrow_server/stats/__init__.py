@@ -1,14 +1,33 @@
 """Acceptance statistics: per-token acceptance, per-bin tail quantiles, Beta tail fit, rolling p5."""
-from sparrow_server.stats.acceptance import (
-    exact_acceptance, logits_to_topk, sampled_acceptance, topk_acceptance_lower_bound, topk_acceptance_upper_bound,
-    truncated_importance_weights,
-)
-from sparrow_server.stats.beta import BetaTailFit, fit_beta_tail
-from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
-from sparrow_server.stats.tail import BinQuantile, binned_quantiles, bootstrap_quantile_ci, length_bins
+from __future__ import annotations
 
-__all__ = [
-    "exact_acceptance", "logits_to_topk", "sampled_acceptance", "topk_acceptance_lower_bound", "topk_acceptance_upper_bound",
-    "truncated_importance_weights", "BetaTailFit", "fit_beta_tail", "RollingQuantile", "RollingTailMonitor",
-    "BinQuantile", "binned_quantiles", "bootstrap_quantile_ci", "length_bins",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Public name -> defining module, imported on first use: the numpy-only modules (``tail``,
+# ``rolling``, ``beta``) and their importers (calibration, the CLI) do not pay for torch.
+_EXPORTS = {
+    "sparrow_server.stats.acceptance": ("exact_acceptance", "logits_to_topk", "sampled_acceptance",
+                                        "topk_acceptance_lower_bound", "topk_acceptance_upper_bound",
+                                        "truncated_importance_weights"),
+    "sparrow_server.stats.beta": ("BetaTailFit", "fit_beta_tail"),
+    "sparrow_server.stats.rolling": ("RollingQuantile", "RollingTailMonitor"),
+    "sparrow_server.stats.tail": ("BinQuantile", "binned_quantiles", "bootstrap_quantile_ci", "length_bins"),
+}
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+if TYPE_CHECKING:  # the same names, for type checkers and the layering test
+    from sparrow_server.stats.acceptance import (
+        exact_acceptance, logits_to_topk, sampled_acceptance, topk_acceptance_lower_bound,
+        topk_acceptance_upper_bound, truncated_importance_weights,
+    )
+    from sparrow_server.stats.beta import BetaTailFit, fit_beta_tail
+    from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
+    from sparrow_server.stats.tail import BinQuantile, binned_quantiles, bootstrap_quantile_ci, length_bins
+
+
+def __getattr__(name: str) -> Any:
+    for module, names in _EXPORTS.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

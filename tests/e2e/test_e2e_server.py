@@ -2,6 +2,7 @@
 model (token ids only), driven over HTTP by the trainer client and by raw httpx."""
 from __future__ import annotations
 
+import io
 import json
 import time
 
@@ -122,6 +123,17 @@ def test_rollout_command_prints_tokens_and_summary(server, capsys):
                "--temperature", "0"])
     out = capsys.readouterr().out
     assert rc == 0 and "--- 5 tokens in" in out and "schedule dense" in out
+
+
+def test_rollout_printer_shows_each_sparse_logprob(client):
+    """What the demo prints (README: the streamed tokens, the sparse logprobs and the summary)."""
+    from sparrow_server.commands.rollout import LOGPROBS_HEADING, stream_and_print
+
+    kwargs = dict(input_ids=PROMPT[:30], sampling_params={"max_new_tokens": 5, "temperature": 0})
+    out = io.StringIO()
+    assert stream_and_print(client, kwargs, out=out, logprobs=True) == 0
+    printed = out.getvalue().split(f"\n{LOGPROBS_HEADING}\n")[1].split("\n--- ")[0].split()
+    assert [float(v) for v in printed] == pytest.approx(client.rollout(**kwargs).logprobs, abs=0.005 + 1e-6)
 
 
 def test_schedules_survive_restart(server, model_dir):

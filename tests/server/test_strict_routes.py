@@ -1,7 +1,8 @@
 """The control-plane, default-schedule, weight, adapter, autopilot and OpenAI routes follow the edge's
 strict type rules (``STRICT`` in api_models.py) like ``/generate``: no boolean for an integer, no float
 for an integer, no string for a number or a boolean, no NaN or Infinity; each answer is a 422 naming the
-field and its value. Unknown keys stay ignored on the OpenAI routes (the ``openai`` client's extras)."""
+field and its value. Unknown keys stay ignored on the OpenAI routes (the ``openai`` client's extras).
+A body that is not JSON at all is a 422 saying where it broke (line, column, character) and why."""
 from __future__ import annotations
 
 import pytest
@@ -55,6 +56,16 @@ NON_FINITE = [
     ("POST", "/v1/chat/completions", f'{{{CHAT}, "unknown_extra": [1, NaN]}}', "unknown_extra[1]"),
 ]
 
+# (method, path, a body that is not JSON, where it breaks: line, column, character, the parser's message)
+MALFORMED = [
+    ("POST", "/rollout", '{"input_ids": [1,\n 2,, 3]}', 2, 4, 21, "Expecting value"),
+    ("POST", "/generate", '{"text": "x" "sampling_params": {}}', 1, 14, 13, "Expecting ',' delimiter"),
+    ("POST", "/v1/chat/completions", '{"model": "fake", "messages": [', 1, 32, 31, "Expecting value"),
+    ("POST", "/update_weights_from_disk", '{"model_path": "m",}', 1, 20, 19,
+     "Expecting property name enclosed in double quotes"),
+    ("PUT", "/schedules/s", '{"budgets_tokens": [64]', 1, 24, 23, "Expecting ',' delimiter"),
+]
+
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
@@ -72,3 +83,11 @@ def test_wrong_types_are_422_naming_the_field(client, method, path, raw, field, 
 def test_non_finite_numbers_are_422_naming_the_field(client, method, path, raw, field):
     body = assert_422(post_raw(client, path, raw, method=method), field)
     assert body["error"]["value"] in ("NaN", "Infinity", "-Infinity")
+
+
+@pytest.mark.parametrize(("method", "path", "raw", "line", "column", "char", "message"), MALFORMED)
+def test_a_body_that_is_not_json_says_where_it_broke(client, method, path, raw, line, column, char, message):
+    error = assert_422(post_raw(client, path, raw, method=method), "body")["error"]
+    assert (error["line"], error["column"], error["position"]) == (line, column, char)
+    assert f"not valid JSON: {message}: line {line} column {column} (char {char})" in error["message"]
+    assert error["value"] in raw  # the text around the place it broke

@@ -8,6 +8,7 @@ from typing import Any
 
 from sparrow_server.engine.base import InvalidRequestError, UnknownAdapterError
 from sparrow_server.engine.ports import LoadedAdapter
+from sparrow_server.models import user_path
 
 
 class PeftAdapterSlots:
@@ -35,7 +36,10 @@ class PeftAdapterSlots:
 
     def attach(self, model: Any, name: str, path: str | Path) -> Any:
         """Load the PEFT directory ``path`` as adapter ``name`` into ``model``; returns the model to run."""
-        path = Path(path).expanduser()
+        try:
+            path = user_path(path)
+        except ValueError as exc:
+            raise InvalidRequestError("adapter.path", str(path), str(exc)) from None
         if not (path / "adapter_config.json").is_file():
             raise InvalidRequestError("adapter.path", str(path), "is not a PEFT adapter directory (no adapter_config.json)")
         with self._lock:

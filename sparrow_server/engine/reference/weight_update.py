@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -49,6 +48,7 @@ from sparrow_server.engine.weights import (
     check_pause_mode,
     next_weight_version,
 )
+from sparrow_server.models import user_path
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ POLL_S = 0.005  # how often a waiting control call looks at the loop's state
 def load_candidate(model_path: str, load_format: str | None, dtype: torch.dtype, device: Any) -> Any:
     """The checkpoint at ``model_path`` (HF directory or ``.gguf``) as a fresh eval-mode model."""
     check_load_format(load_format)
-    path = Path(model_path).expanduser()
+    try:
+        path = user_path(model_path)
+    except ValueError as exc:
+        raise WeightLoadError("model_path", model_path, str(exc)) from None
     if not path.exists():
         raise WeightLoadError("model_path", model_path, "no such file or directory")
     if path.suffix != ".gguf" and not (path / "config.json").is_file():
