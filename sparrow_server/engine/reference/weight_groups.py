@@ -120,6 +120,10 @@ class ReferenceWeightGroups:
     def group_names(self) -> tuple[str, ...]:
         return tuple(self._groups)
 
+    def closing_names(self) -> tuple[str, ...]:
+        """Groups a deadline gave up on whose thread has not returned yet (their names cannot be opened)."""
+        return tuple(self._closing)
+
     async def init_group(self, spec: WeightGroupSpec) -> str:
         check_backend(spec.backend)
         name = spec.group_name
