@@ -17,9 +17,10 @@ on is closed when its thread returns; until then its name is "closing" and canno
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -100,6 +101,16 @@ def receive_plan(update: DistributedWeightUpdate, shapes: dict[str, tuple[int, .
     return tuple(specs)
 
 
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """Log a failed group operation (its answer goes to the caller; the operator sees it too)."""
+    try:
+        yield
+    except WeightGroupError as exc:
+        log.warning("%s failed: %s", what, exc)
+        raise
+
+
 def _first_line(exc: BaseException) -> str:
     """torch.distributed errors carry C++ stack traces; the first line says what happened."""
     text = str(exc).strip().splitlines()
@@ -125,6 +136,18 @@ class ReferenceWeightGroups:
         return tuple(self._closing)
 
     async def init_group(self, spec: WeightGroupSpec) -> str:
+        with _logged("joining weight-update group"):
+            return await self._init_group(spec)
+
+    async def update_from_group(self, update: DistributedWeightUpdate) -> WeightUpdateResult:
+        with _logged("weight update from a group"):
+            tensors, started = await self._receive_update(update)
+        options = SwapOptions(weight_version=update.weight_version, flush_cache=update.flush_cache,
+                              abort_all_requests=update.abort_all_requests)
+        return await self.sync.update_weights_from_tensors(tensors, options, started,
+                                                            f"weight-update group {update.group_name!r}")
+
+    async def _init_group(self, spec: WeightGroupSpec) -> str:
         check_backend(spec.backend)
         name = spec.group_name
         async with self._locked():
@@ -148,7 +171,8 @@ class ReferenceWeightGroups:
         log.info("joined weight-update group %r as rank %d of %d", name, spec.rank, spec.world_size)
         return OPENED
 
-    async def update_from_group(self, update: DistributedWeightUpdate) -> WeightUpdateResult:
+    async def _receive_update(self, update: DistributedWeightUpdate) -> tuple[dict[str, torch.Tensor], float]:
+        """The tensors of ``update``, received and checked, and when receiving started."""
         name = update.group_name
         async with self._locked():
             started = time.monotonic()
@@ -161,10 +185,7 @@ class ReferenceWeightGroups:
                 raise WeightGroupError(f"group_name = {name!r}: no such weight-update group is open here; call "
                                        "/init_weights_update_group first", kind="unknown_group", field="group_name",
                                        value=name)
-            tensors = await self._receive(name, group, specs, update.load_format == FLATTENED_BUCKET)
-        options = SwapOptions(weight_version=update.weight_version, flush_cache=update.flush_cache,
-                              abort_all_requests=update.abort_all_requests)
-        return await self.sync.update_weights_from_tensors(tensors, options, started, f"weight-update group {name!r}")
+            return await self._receive(name, group, specs, update.load_format == FLATTENED_BUCKET), started
 
     async def destroy_group(self, group_name: str) -> str:
         async with self._locked():
