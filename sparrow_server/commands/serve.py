@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--kv-pool-tokens", type=int, default=None, help="KV cache capacity of the reference engine, in tokens")
     p.add_argument("--max-batch-size", type=int, default=None, help="requests decoded together (reference engine)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (reference engine)")
+    p.add_argument("--weight-group-timeout-s", type=float, default=None,
+                   help="reference engine: deadline of joining a trainer's weight-update group and of each "
+                        "/update_weights_from_distributed broadcast (default 300)")
     p.add_argument("--log-level", default="info")
     p.add_argument("--verify-fraction", type=float, default=None,
                    help="share of rollouts re-scored densely for the acceptance metrics (default 5%%; "
@@ -98,9 +101,12 @@ def build_app(args: argparse.Namespace):
     from sparrow_server.engine.factory import EngineOptions, build_engine, default_engine_name
 
     parts = _service_parts(args)
+    if args.weight_group_timeout_s is not None and not args.weight_group_timeout_s > 0:
+        raise ValueError(f"--weight-group-timeout-s {args.weight_group_timeout_s!r}: must be a positive number of seconds")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     options = EngineOptions(model=args.model, device=device, adapters=parse_adapters(args.adapter),
-                            kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads)
+                            kv_pool_tokens=args.kv_pool_tokens, max_batch_size=args.max_batch_size, threads=args.threads,
+                            weight_group_timeout_s=args.weight_group_timeout_s)
     engine_name = args.engine or default_engine_name()
     built = build_engine(engine_name, options)
     app = sparrow_app(args, parts, built.engine, built.tokenizer)

@@ -18,6 +18,7 @@ from sparrow_server.sparsity.wire import check_page_size
 if TYPE_CHECKING:  # these modules import this one
     from sparrow_server.engine.memory import MemoryControl
     from sparrow_server.engine.weights import WeightSync
+    from sparrow_server.engine.weight_groups import WeightGroups
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default
 DEFAULT_TEMPERATURE = 1.0
@@ -271,7 +272,7 @@ class Engine(abc.ABC):
     """What the service calls. Implementations must be safe to call from one asyncio loop.
 
     Optional capabilities are typed ports: a method returning the port, or None when this engine
-    lacks it (``adapter_port``, ``weights``, ``memory_control``, ``local_model``, ``dense_scoring``)."""
+    lacks it (``adapter_port``, ``weights``, ``weight_groups``, ``memory_control``, ``local_model``, ``dense_scoring``)."""
 
     # The engine's schedulers read the default schedule once, at start (SGLang): it cannot change live.
     default_schedule_fixed_at_start: bool = False
@@ -320,6 +321,10 @@ class Engine(abc.ABC):
 
     def weights(self) -> WeightSync | None:
         """Weight updates without a restart, pause/continue; None when this engine cannot."""
+        return None
+
+    def weight_groups(self) -> WeightGroups | None:
+        """Joining a trainer's process group and taking the weights it broadcasts; None when this engine cannot."""
         return None
 
     def memory_control(self) -> MemoryControl | None:

@@ -24,6 +24,7 @@ class EngineOptions:
     max_batch_size: int | None = None
     threads: int | None = None  # torch intra-op threads (CPU); None = torch's default
     weight_version: str = DEFAULT_WEIGHT_VERSION
+    weight_group_timeout_s: float | None = None  # group init and each broadcast (reference engine); None = default
 
 
 @dataclass(frozen=True)

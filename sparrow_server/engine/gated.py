@@ -9,6 +9,7 @@ from sparrow_server.engine.adapter_versions import AdapterManager
 from sparrow_server.engine.base import Engine, EngineHealth, EngineInfo, GenerationChunk, GenerationRequest
 from sparrow_server.engine.memory import MemoryControl
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LocalModel
+from sparrow_server.engine.weight_groups import WeightGroups
 from sparrow_server.engine.weights import WeightSync
 from sparrow_server.sparsity.schedule import Schedule
 
@@ -72,6 +73,9 @@ class GatedEngine(Engine):
 
     def weights(self) -> WeightSync | None:
         return self._engine.weights()
+
+    def weight_groups(self) -> WeightGroups | None:
+        return self._engine.weight_groups()
 
     def memory_control(self) -> MemoryControl | None:
         return self._engine.memory_control()

@@ -43,6 +43,7 @@ from sparrow_server.server.metrics import METRICS_CONTENT_TYPE, ServiceMetrics
 from sparrow_server.server.security import SecurityConfig, install_security, require_admin, require_rollout_auth
 from sparrow_server.server.service import RolloutService
 from sparrow_server.server.shutdown import install_shutdown
+from sparrow_server.server.weight_groups import install_weight_group_routes
 from sparrow_server.server.weights import install_weight_routes
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import DENSE_SCHEDULE_NAME, ScheduleError, schedule_from_dict
@@ -89,6 +90,7 @@ def create_app(engine: Engine, schedules: ScheduleRegistry | None = None, defaul
     install_default_schedule_routes(app, service, startup_default)
     _ops_routes(app, service)
     install_weight_routes(app, engine)
+    install_weight_group_routes(app, engine)
     install_control_routes(app, service, engine)
     install_adapter_routes(app, adapters)
     install_openapi(app)

@@ -2,8 +2,9 @@
 ``/abort_request`` (by ``rid`` or ``abort_all``), ``/flush_cache``, ``/health_generate``,
 ``/server_info`` (alias ``/get_server_info``) with the server-args keys clients read, ``/v1/loads``,
 ``/get_weight_version`` (alias ``/weight_version``), ``/release_memory_occupation``,
-``/resume_memory_occupation``, ``/weights_checker``, and the weight-update routes this engine
-cannot serve (``/update_weights_from_tensor`` and the NCCL group routes) as an explicit 400.
+``/resume_memory_occupation``, ``/weights_checker``, and the weight-update route this server cannot
+serve (``/update_weights_from_tensor``) as an explicit 400 saying why. The group routes
+(``/init_weights_update_group``...) are ``weight_groups.py``'s.
 
 Shapes follow ``sglang/srt/entrypoints/http_server.py`` and ``v1_loads.py`` of the 0.5.17 wheel:
 ``flush_cache`` answers plain text (200, or 400 while requests run), abort answers 200, failures
@@ -38,11 +39,10 @@ FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
 FLUSH_REFUSED = "Flush cache failed: requests are running or waiting.\n"
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})  # SGLang's VALID_SECTIONS
-NO_NCCL = ("the {engine} engine has no NCCL weight-update group (it is one process, with no trainer ranks to "
-           "join); update weights with /update_weights_from_disk")
 NO_TENSOR_IPC = ("the {engine} engine cannot map serialized tensors: SGLang's update_weights_from_tensor passes "
                  "CUDA IPC handles (MultiprocessingSerializer), meaningful only to a GPU worker on the trainer's "
                  "host, and unpickling bytes from HTTP is unsafe; update weights with /update_weights_from_disk")
+OR_DISTRIBUTED = " or, from a trainer's gloo group, /update_weights_from_distributed"
 
 
 class MemoryTagsIn(BaseModel):
@@ -227,16 +227,13 @@ def _engine_checksum(per_gpu: str) -> str:
 
 
 def _unsupported_weight_routes(app: FastAPI, engine: Engine) -> None:
-    """Routes that only an SGLang GPU worker can serve: an explicit 400 saying why (after auth)."""
-    admin = [Depends(require_admin)]
+    """``/update_weights_from_tensor``, which only an SGLang GPU worker can serve: an explicit 400 saying why
+    (after auth)."""
 
-    def refusal(reason: str):
-        # engine.info() is read per request: on SGLang it needs the tokenizer manager, which is not up while
-        # the app is built.
-        async def refuse():
-            return _failure(reason.format(engine=engine.info().engine))
-        return refuse
+    # engine.info() and the ports are read per request: on SGLang they need the tokenizer manager, which is
+    # not up while the app is built.
+    async def refuse():
+        reason = NO_TENSOR_IPC.format(engine=engine.info().engine)
+        return _failure(reason + (OR_DISTRIBUTED if engine.weight_groups() is not None else ""))
 
-    for path, reason in (("/update_weights_from_tensor", NO_TENSOR_IPC), ("/init_weights_update_group", NO_NCCL),
-                         ("/update_weights_from_distributed", NO_NCCL), ("/destroy_weights_update_group", NO_NCCL)):
-        app.add_api_route(path, refusal(reason), methods=["POST"], dependencies=admin)
+    app.add_api_route("/update_weights_from_tensor", refuse, methods=["POST"], dependencies=[Depends(require_admin)])

@@ -59,9 +59,10 @@ ROUTE_ERRORS: dict[tuple[str, str], tuple[int, ...]] = {
     ("POST", "/schedules/{name}/versions"): (404, 409),
     ("POST", "/default_schedule"): (404, 409),
     ("GET", "/v1/loads"): (400,),
-    **{(m, path): (400,) for m in ("POST",) for path in (
-        "/update_weights_from_tensor", "/init_weights_update_group", "/update_weights_from_distributed",
-        "/destroy_weights_update_group")},
+    ("POST", "/update_weights_from_tensor"): (400,),
+    ("POST", "/init_weights_update_group"): (400, 409),
+    ("POST", "/update_weights_from_distributed"): (400, 409),
+    ("POST", "/destroy_weights_update_group"): (400,),
 }
 TEXT_ROUTES = {("GET", "/metrics"): "text/plain"}
 # SGLang's own non-JSON answers, kept byte-compatible for its clients: (method, path) -> {code: description}

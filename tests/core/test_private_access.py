@@ -25,6 +25,12 @@ ALLOWED = {
     # SGLang's paged allocator keeps its table size private (pool.size + 1 on versions without it);
     # the plug-in's hooks live inside SGLang's scheduler by design.
     ("sglang_plugin/scheduler/hooks.py", "getattr(pool, '_alloc_size', pool.size + 1)"),
+    # torch has no public way to open a process group of its own (its own rendezvous, no default group):
+    # new_group needs the default group and every rank of it. SGLang's init_custom_process_group (and
+    # slime's, OpenRLHF's copies) build a trainer's weight-update group with these two; the server must
+    # build its side the same way to meet the trainer's.
+    ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _new_process_group_helper"),
+    ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _world"),
 }
 REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 

@@ -6,26 +6,21 @@ architectures answer 400 and the old weights keep serving; pause/continue over H
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
 from helpers.server_util import ServerProcess, free_port
-from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
-from sparrow_server.client import SparrowClient
+from helpers.tiny_models import load_plain, save_tiny_model
+from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
 from sparrow_server.client.weights import FleetError, pause, resume, update_weights
 from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 from sparrow_server.server.security import SecurityConfig
 
-PROMPT = [(i * 7 + 3) % (TINY_VOCAB - 1) for i in range(100)]  # 7 pages
-GREEDY = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
 SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 8"}
-TOL = 1e-4
 IN_FLIGHT_TOKENS = 120  # long enough to be still generating when the update has loaded the new weights
 
 
@@ -34,22 +29,6 @@ def ckpt(tmp_path_factory):
     root = tmp_path_factory.mktemp("weights-server")
     return {"a": save_tiny_model(root / "a", seed=0), "b": save_tiny_model(root / "b", seed=1),
             "wider": save_tiny_model(root / "wider", seed=0, intermediate_size=96), "root": root}
-
-
-class InProcessServer:
-    """A fresh server in this process (the same app and engine, through ``TestClient``; cheaper
-    than a second interpreter on a loaded CPU), one torch thread like ``ServerProcess``."""
-
-    def __init__(self, model_dir):
-        self.previous_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        engine = ReferenceEngine(load_plain(model_dir, "sdpa"), None, model_dir.name, kv_pool_tokens=8192)
-        self.http = TestClient(create_app(engine)).__enter__()
-        self.url = str(self.http.base_url)
-
-    def stop(self) -> None:
-        self.http.__exit__(None, None, None)
-        torch.set_num_threads(self.previous_threads)
 
 
 @pytest.fixture(scope="module")
@@ -64,47 +43,6 @@ def servers(ckpt):
     finally:
         updated.stop()
         fresh.stop()
-
-
-class StreamInThread:
-    """A streamed greedy rollout consumed on a thread; ``started`` is set at its first event."""
-
-    def __init__(self, url: str, max_new_tokens: int = GREEDY["max_new_tokens"]):
-        self.started = threading.Event()
-        self.events = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(url, max_new_tokens), daemon=True)
-        self.thread.start()
-
-    def _run(self, url: str, max_new_tokens: int) -> None:
-        try:
-            with SparrowClient(url, timeout=120) as client:
-                for event in client.stream(input_ids=PROMPT, schedule="dense",
-                                           sampling_params={**GREEDY, "max_new_tokens": max_new_tokens}):
-                    self.events.append(event)
-                    self.started.set()
-        except BaseException as exc:  # re-raised by result()
-            self.error = exc
-            self.started.set()
-
-    def result(self):
-        self.thread.join(timeout=120)
-        assert not self.thread.is_alive() and self.error is None, self.error
-        last = self.events[-1]
-        return [t for e in self.events for t in e.token_ids], last.meta
-
-
-def rollout(server, schedule: str = "dense"):
-    """A greedy rollout from a ``ServerProcess`` or an ``InProcessServer``."""
-    kwargs = dict(input_ids=PROMPT, schedule=schedule, sampling_params=GREEDY, return_selected_pages=True)
-    if isinstance(server, InProcessServer):
-        return SparrowClient(http=server.http).rollout(**kwargs)
-    with SparrowClient(server.url, timeout=120) as client:
-        return client.rollout(**kwargs)
-
-
-def version(url: str) -> str:
-    return httpx.get(f"{url}/get_weight_version", timeout=10).json()["weight_version"]
 
 
 def test_update_while_streaming_then_first_rollout_equals_a_fresh_server(servers, ckpt):

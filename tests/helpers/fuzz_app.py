@@ -14,6 +14,7 @@ from sparrow_server.server.security import SecurityConfig
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 FUZZ_LIMITS = Limits(max_new_tokens_limit=16, max_n=4, request_timeout_s=60)
+FUZZ_GROUP_TIMEOUT_S = 2.0  # a generated /init_weights_update_group with backend gloo gives up fast
 
 
 @contextlib.contextmanager
@@ -22,7 +23,7 @@ def running_engine(tmp_path_factory) -> Iterator[ReferenceEngine]:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     engine = ReferenceEngine(load_plain(save_tiny_model(tmp_path_factory.mktemp("model")), "sdpa"), None, "tiny",
-                             kv_pool_tokens=4096)
+                             kv_pool_tokens=4096, weight_group_timeout_s=FUZZ_GROUP_TIMEOUT_S)
     engine.start_thread()
     try:
         yield engine

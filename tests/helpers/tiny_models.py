@@ -32,18 +32,24 @@ def tiny_config(arch: str = "llama", **overrides: Any):
     return Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, **overrides: Any):
+def tiny_model(arch: str = "llama", seed: int = 0, lm_head_std: float | None = None, **overrides: Any):
+    """``lm_head_std``: redraw the (untied) output layer with this scale, after the rest (0.5 gives peaked
+    next-token distributions, so greedy rollouts of two seeds part early and equality means something)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
+    if lm_head_std is not None:
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, lm_head_std)
     return model.eval()
 
 
-def save_tiny_model(directory: str | Path, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+def save_tiny_model(directory: str | Path, arch: str = "llama", seed: int = 0, lm_head_std: float | None = None,
+                    **overrides: Any) -> Path:
     """Write a tiny random model (no tokenizer) with ``save_pretrained``; returns the directory."""
     directory = Path(directory)
-    tiny_model(arch, seed, **overrides).save_pretrained(directory)
+    tiny_model(arch, seed, lm_head_std, **overrides).save_pretrained(directory)
     return directory
 
 

@@ -18,7 +18,11 @@ ADMIN_CALLS = [("PUT", "/schedules/mine", SCHEDULE), ("POST", "/update_weights_f
                ("POST", "/pause_generation", {"mode": "abort"}), ("POST", "/continue_generation", {}),
                ("GET", "/flush_cache", None), ("POST", "/release_memory_occupation", {}),
                ("POST", "/resume_memory_occupation", {}), ("POST", "/weights_checker", {"action": "checksum"}),
-               ("POST", "/update_weights_from_tensor", {"serialized_named_tensors": []})]
+               ("POST", "/update_weights_from_tensor", {"serialized_named_tensors": []}),
+               ("POST", "/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1,
+                                                       "rank_offset": 1, "world_size": 2}),
+               ("POST", "/update_weights_from_distributed", {"names": ["w"], "dtypes": ["float32"], "shapes": [[1]]}),
+               ("POST", "/destroy_weights_update_group", {})]
 ROLLOUT_CALLS = [("POST", "/rollout", ROLLOUT), ("POST", "/generate", ROLLOUT), ("POST", "/abort_request", {"rid": "x"})]
 OPEN_CALLS = [("GET", "/health", None), ("GET", "/metrics", None), ("GET", "/schedules", None),
               ("GET", "/schedules/dense", None), ("GET", "/server_info", None), ("GET", "/get_weight_version", None),

@@ -12,6 +12,8 @@ from sparrow_server.engine.factory import ENGINE_FACTORIES, EngineOptions, build
     (["--default-schedule", "no-such-schedule"], "no-such-schedule"),
     (["--adapter", "missing-equals"], "missing-equals"),
     (["--engine", "warp-drive"], "warp-drive"),
+    (["--weight-group-timeout-s", "0"], "--weight-group-timeout-s 0.0: must be a positive"),
+    (["--weight-group-timeout-s", "nan"], "--weight-group-timeout-s nan"),
 ])
 def test_serve_refuses_bad_arguments(args, needle, tmp_path, capsys):
     assert main(["serve", "--state-dir", str(tmp_path), *args]) == 2

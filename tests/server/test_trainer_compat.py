@@ -235,19 +235,26 @@ def test_slime_eval_sampling_params(server):
     assert len(tokens) == 10 == len(logprobs) and isinstance(text, str) and meta["finish_reason"]["type"] == "length"
 
 
-def test_slime_distributed_update_routes_refused_with_reason(server):
-    for endpoint, payload in (
+def test_slime_distributed_update_routes_answer_with_reason(server):
+    """slime's own payloads (``backend: "nccl"``, its default): the reference engine joins weight-update
+    groups over gloo only and says so, naming the field (the gloo path itself, with a trainer process:
+    tests/e2e/test_weights_distributed.py); tensors passed by CUDA IPC are refused with the reason."""
+    served = server.engine.weight_version
+    for endpoint, payload, field, words in (
         ("init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
-                                       "world_size": 2, "group_name": "g", "backend": "nccl"}),
+                                       "world_size": 2, "group_name": "g", "backend": "nccl"}, "backend", "gloo"),
         ("update_weights_from_distributed", {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[1]],
-                                             "group_name": "g", "flush_cache": False}),
-        ("destroy_weights_update_group", {"group_name": "g"}),
-        ("update_weights_from_tensor", {"serialized_named_tensors": ["AAAA"], "load_format": None, "flush_cache": False}),
+                                             "group_name": "g", "flush_cache": False}, "names[0]", "not a parameter"),
+        ("destroy_weights_update_group", {"group_name": "g"}, "group_name", "does not exist"),
+        ("update_weights_from_tensor", {"serialized_named_tensors": ["AAAA"], "load_format": None, "flush_cache": False},
+         None, "unpickling bytes from HTTP is unsafe"),
     ):
         r = httpx.post(f"{server.url}/{endpoint}", json=payload, timeout=10)
         assert r.status_code == 400, endpoint
         body = r.json()
-        assert body["success"] is False and "update_weights_from_disk" in body["message"], endpoint
+        assert body["success"] is False and words in body["message"], (endpoint, body["message"])
+        assert body["error"].get("field") == field, endpoint
+    assert server.engine.weight_version == served
 
 
 # ----- verl ---------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from sparrow_server.engine.base import (
 )
 from sparrow_server.engine.memory import MemoryControl
 from sparrow_server.engine.ports import AdapterPort, LoadedAdapter, LocalModel
+from sparrow_server.engine.weight_groups import DEFAULT_GROUP_TIMEOUT_S, WeightGroups
 from sparrow_server.engine.weights import WeightSync
 from sparrow_server.engine.reference.peft_adapters import PeftAdapterSlots
 from sparrow_server.engine.reference.attention import ForwardContext
@@ -39,6 +40,7 @@ from sparrow_server.engine.reference.memory import ReferenceMemory
 from sparrow_server.engine.reference.runner import ModelRunner
 from sparrow_server.engine.reference.scheduler import Scheduler
 from sparrow_server.engine.reference.sampler import SampledToken, make_generator, prompt_logprobs, sample_token
+from sparrow_server.engine.reference.weight_groups import ReferenceWeightGroups
 from sparrow_server.engine.reference.weight_update import ReferenceWeightSync
 from sparrow_server.sparsity.schedule import (
     DEFAULT_PAGE_SIZE, ScheduleError, attended_pages, dense_schedule, kv_budget_tokens,
@@ -58,7 +60,8 @@ class ReferenceEngine(Engine):
 
     def __init__(self, model: Any, tokenizer: Any | None = None, model_name: str = "model",
                  kv_pool_tokens: int = DEFAULT_KV_POOL_TOKENS, max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-                 page_size: int = DEFAULT_PAGE_SIZE, weight_version: str = DEFAULT_WEIGHT_VERSION):
+                 page_size: int = DEFAULT_PAGE_SIZE, weight_version: str = DEFAULT_WEIGHT_VERSION,
+                 weight_group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_batch_size = max_batch_size
@@ -78,6 +81,7 @@ class ReferenceEngine(Engine):
         self.steps = 0
         # weight updates, pause/continue (sets the scheduler's gate); owns the weight version
         self.weight_sync = ReferenceWeightSync(self.scheduler, self.runner, self.cache, weight_version)
+        self.weight_group_port = ReferenceWeightGroups(self.weight_sync, weight_group_timeout_s)  # trainer broadcasts
         self.memory = ReferenceMemory(self.scheduler, self.runner, self.cache)  # flush, release/resume, checker
 
     @property
@@ -95,6 +99,7 @@ class ReferenceEngine(Engine):
             self._thread.start()
 
     async def shutdown(self) -> None:
+        await self.weight_group_port.close_all()
         self.scheduler.stop()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
@@ -105,6 +110,9 @@ class ReferenceEngine(Engine):
 
     def weights(self) -> WeightSync:
         return self.weight_sync
+
+    def weight_groups(self) -> WeightGroups:
+        return self.weight_group_port
 
     def memory_control(self) -> MemoryControl:
         return self.memory

@@ -3,7 +3,8 @@
 This object drives the scheduler's gate (may it admit requests, ``admitting``; may it run decode
 steps, ``stepping``) and works on the queues only through the scheduler's verbs. An update:
 1. loads the new checkpoint into a fresh model and checks it has the serving model's config and
-   parameter names and shapes (old weights keep serving meanwhile; any problem -> ``WeightLoadError``);
+   parameter names and shapes (old weights keep serving meanwhile; any problem -> ``WeightLoadError``),
+   or takes the tensors a trainer broadcast (``weight_groups.py``: received and checked the same way);
 2. stops admission, aborts live requests if asked, waits until no request holds KV;
 3. between steps (the scheduler's step lock held): copies the new tensors into the serving parameters
    (shapes checked, so the copy cannot fail half-way; LoRA adapters stay attached), zeroes the KV
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -103,12 +105,15 @@ def architecture_mismatch(serving: Any, candidate: Any) -> str | None:
 
 
 @torch.no_grad()
-def copy_weights(serving: Any, candidate: Any) -> None:
-    """Copy every base parameter of ``candidate`` into ``serving`` (names and shapes already checked)."""
-    have, want = dense_parameters(serving), dense_parameters(candidate)
-    assert have.keys() == want.keys(), "architecture_mismatch must run first"
-    for name, tensor in have.items():
-        tensor.copy_(want[name])
+def copy_weights(serving: Any, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy ``tensors`` (base parameter name -> new value, all of them or a subset) into ``serving``'s
+    parameters, casting to their dtype and device. Names and shapes are checked first, so the copy
+    cannot fail half-way."""
+    have = dense_parameters(serving)
+    for name, tensor in tensors.items():
+        assert name in have and have[name].shape == tensor.shape, f"{name}: check names and shapes first"
+    for name, tensor in tensors.items():
+        have[name].copy_(tensor)
 
 
 def flush_kv_cache(cache: PagedKVCache) -> None:
@@ -118,6 +123,21 @@ def flush_kv_cache(cache: PagedKVCache) -> None:
     cache.k.zero_()
     cache.v.zero_()
     cache.landmarks.zero_()
+
+
+@dataclass(frozen=True)
+class SwapOptions:
+    """How an update swaps its tensors in, whatever brought them (disk, a process group)."""
+
+    weight_version: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    keep_pause: bool = False
+
+    @classmethod
+    def of(cls, update: WeightUpdate) -> "SwapOptions":
+        return cls(weight_version=update.weight_version, flush_cache=update.flush_cache,
+                   abort_all_requests=update.abort_all_requests, keep_pause=update.keep_pause)
 
 
 # ----- the engine's controller ------------------------------------------------------------------
@@ -169,31 +189,44 @@ class ReferenceWeightSync:
             problem = architecture_mismatch(self.runner.model, candidate)
             if problem:
                 raise WeightLoadError("model_path", update.model_path, problem)
-            loaded = time.monotonic()
-            self._set(updating=True)
-            swap = None
-            try:
-                running = self.scheduler.counts().running
-                if self.mode == PAUSE_IN_PLACE and running and not update.abort_all_requests:
-                    raise WeightSyncConflictError(
-                        f"generation is paused in_place with {running} running requests whose KV comes from "
-                        "the old weights: continue_generation first, pause with mode abort or retract, "
-                        "or set abort_all_requests")
-                aborted = self.scheduler.abort_all() if update.abort_all_requests else ()
-                while swap is None:  # re-checked between steps (the gate closed before the drain: one pass)
-                    await self._until(lambda: not self.scheduler.any_running() and not self.scheduler.any_live(aborted))
-                    drained = time.monotonic()
-                    swap = await self._in_thread(self._swap_if_idle, candidate, update)
-            finally:
-                hold = swap is not None and update.keep_pause and self.mode is None
-                self._set(updating=False, mode=PAUSE_IN_PLACE if hold else self.mode)
-            version, previous, paused, stale, swap_s = swap
-            log.info("weights updated from %s: %s -> %s", update.model_path, previous, version)
-            return WeightUpdateResult(weight_version=version, previous_weight_version=previous,
-                                      num_aborted_requests=len(aborted) + stale, num_paused_requests=paused,
-                                      load_s=loaded - started, drain_s=drained - loaded, swap_s=swap_s)
+            return await self._swap_in(dense_parameters(candidate), SwapOptions.of(update), started,
+                                       update.model_path)
+
+    async def update_weights_from_tensors(self, tensors: dict[str, torch.Tensor], options: SwapOptions,
+                                          started: float, source: str) -> WeightUpdateResult:
+        """Swap in ``tensors`` (base parameter name -> value, names and shapes checked by the caller),
+        received since ``started`` (``time.monotonic()``) from ``source``, as an update from disk does."""
+        async with self._lock():
+            return await self._swap_in(tensors, options, started, source)
 
     # ----- internals ------------------------------------------------------------------------------
+    async def _swap_in(self, tensors: dict[str, torch.Tensor], options: SwapOptions, started: float,
+                       source: str) -> WeightUpdateResult:
+        """Steps 2-4 of an update (the control lock held): drain, swap, flush, version, reopen."""
+        loaded = time.monotonic()
+        self._set(updating=True)
+        swap = None
+        try:
+            running = self.scheduler.counts().running
+            if self.mode == PAUSE_IN_PLACE and running and not options.abort_all_requests:
+                raise WeightSyncConflictError(
+                    f"generation is paused in_place with {running} running requests whose KV comes from "
+                    "the old weights: continue_generation first, pause with mode abort or retract, "
+                    "or set abort_all_requests")
+            aborted = self.scheduler.abort_all() if options.abort_all_requests else ()
+            while swap is None:  # re-checked between steps (the gate closed before the drain: one pass)
+                await self._until(lambda: not self.scheduler.any_running() and not self.scheduler.any_live(aborted))
+                drained = time.monotonic()
+                swap = await self._in_thread(self._swap_if_idle, tensors, options)
+        finally:
+            hold = swap is not None and options.keep_pause and self.mode is None
+            self._set(updating=False, mode=PAUSE_IN_PLACE if hold else self.mode)
+        version, previous, paused, stale, swap_s = swap
+        log.info("weights updated from %s: %s -> %s", source, previous, version)
+        return WeightUpdateResult(weight_version=version, previous_weight_version=previous,
+                                  num_aborted_requests=len(aborted) + stale, num_paused_requests=paused,
+                                  load_s=loaded - started, drain_s=drained - loaded, swap_s=swap_s)
+
     def _lock(self) -> asyncio.Lock:
         if self._control is None:
             self._control = asyncio.Lock()
@@ -220,17 +253,17 @@ class ReferenceWeightSync:
 
         await self._in_thread(between_steps)
 
-    def _swap_if_idle(self, candidate: Any, update: WeightUpdate):
+    def _swap_if_idle(self, tensors: dict[str, torch.Tensor], options: SwapOptions):
         """Swap the weights in if no request holds KV (else None: drain again)."""
         with self.scheduler.step_lock:
             if self.scheduler.any_running():
                 return None
             started = time.monotonic()
-            copy_weights(self.runner.model, candidate)
-            if update.flush_cache:
+            copy_weights(self.runner.model, tensors)
+            if options.flush_cache:
                 flush_kv_cache(self.cache)
             previous = self.weight_version
-            self.weight_version = update.weight_version or next_weight_version(previous)
+            self.weight_version = options.weight_version or next_weight_version(previous)
             retracted = self.scheduler.retracted()  # old-weight tokens: continuing them would mix versions
             for seq in retracted:
                 self.scheduler.finish(seq, FinishReason("abort", message=(
@@ -240,6 +273,6 @@ class ReferenceWeightSync:
 
 
 __all__ = [
-    "ReferenceWeightSync", "load_candidate", "architecture_mismatch", "copy_weights", "dense_parameters",
+    "ReferenceWeightSync", SwapOptions, "load_candidate", "architecture_mismatch", "copy_weights", "dense_parameters",
     "flush_kv_cache",
 ]
