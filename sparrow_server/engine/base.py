@@ -258,14 +258,37 @@ class EngineInfo:
     device: str = "cpu"
 
 
+# Why an engine makes no progress until a control call undoes it (``EngineHealth.held``).
+HELD_MEMORY_RELEASED = "memory_released"  # /release_memory_occupation freed the KV pool (until resumed)
+HELD_PAUSED = "paused"  # /pause_generation (until /continue_generation)
+
+
 @dataclass(frozen=True)
 class EngineHealth:
+    """``ok``: the engine's loop runs. ``held``: why no token can come until a control call (None: it
+    can generate). ``free_pages`` is 0 while the KV pool is released. ``progress`` moves whenever the
+    engine finishes a step (None: this engine does not count them)."""
+
     ok: bool
     live_requests: int
     queued_requests: int
     free_pages: int | None = None
     total_pages: int | None = None
     detail: str = ""
+    held: str | None = None
+    progress: int | None = None
+
+    @property
+    def serving(self) -> bool:
+        """The loop runs and nothing holds generation."""
+        return self.ok and self.held is None
+
+    @property
+    def used_pages(self) -> int:
+        """Pages requests hold: none while the pool is released (no page is free, none is used)."""
+        if self.held == HELD_MEMORY_RELEASED:
+            return 0
+        return (self.total_pages or 0) - (self.free_pages or 0)
 
 
 class Engine(abc.ABC):
@@ -359,5 +382,5 @@ __all__ = [
     "Engine", "EngineError", "InvalidRequestError", "ContextLengthError", "UnknownAdapterError",
     "DuplicateRequestError", "SamplingParams", "GenerationRequest", "GenerationChunk", "FinishReason",
     "EngineInfo", "EngineHealth", "TopLogprobs", "PageSelection", "DEFAULT_MAX_NEW_TOKENS",
-    "DEFAULT_WEIGHT_VERSION", "MAX_TOP_LOGPROBS",
+    "DEFAULT_WEIGHT_VERSION", "MAX_TOP_LOGPROBS", "HELD_MEMORY_RELEASED", "HELD_PAUSED",
 ]

@@ -183,11 +183,13 @@ def _ops_routes(app: FastAPI, service: RolloutService) -> None:
 
     @app.get("/health")
     async def health():
+        """503 whenever no token can come (SGLang 0.5.17's /health runs its generation check): the loop is
+        down (``unavailable``), the KV cache is released (``memory_released``) or generation is paused."""
         h = engine.health()
-        body = {"status": "ok" if h.ok else "unavailable", "live_requests": h.live_requests,
-                "queued_requests": h.queued_requests, "free_pages": h.free_pages, "total_pages": h.total_pages,
-                "detail": h.detail}
-        return JSONResponse(body, status_code=200 if h.ok else 503)
+        status = "unavailable" if not h.ok else h.held or "ok"
+        body = {"status": status, "live_requests": h.live_requests, "queued_requests": h.queued_requests,
+                "free_pages": h.free_pages, "total_pages": h.total_pages, "detail": h.detail}
+        return JSONResponse(body, status_code=200 if h.serving else 503)
 
     @app.get("/metrics")
     async def metrics():

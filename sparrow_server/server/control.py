@@ -34,6 +34,7 @@ from sparrow_server.server.service import RolloutService
 
 HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's HEALTH_CHECK_TIMEOUT default
 HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"  # SGLang's, so health probes are recognisable in logs
+HEALTH_POLL_S = 0.01  # how often a busy engine's step counter is read
 FLUSH_POLL_S = 0.01
 FLUSHED = ("Cache flushed.\nPlease check backend logs for more details. "
            "(When there are running or waiting requests, the operation will not be performed.)\n")
@@ -84,22 +85,39 @@ def _abort_and_health(app: FastAPI, service: RolloutService) -> None:
 
     @app.get("/health_generate")
     async def health_generate():
-        """200 once the engine produces a token (or while it is busy with requests), else 503 after
-        SGLang's 20 s, as SGLang's own check."""
-        if service.engine.live_requests():
-            return Response(status_code=200)
-        request = GenerationRequest(rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", input_ids=(0,),
-                                    sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
-
-        async def one_token() -> None:
-            async for _ in service.engine.submit(request):
-                return
-
+        """SGLang's check: 200 once the engine shows it generates, 503 when it does not within SGLang's 20 s.
+        Busy: the engine must finish a step (SGLang answers with its next batch); idle: a 1-token greedy
+        request must come back. While the KV cache is released or generation paused no token can come:
+        503 at once (SGLang's answer in that state, without its 20 s wait)."""
+        engine = service.engine
+        h = engine.health()
+        if not h.serving:
+            return Response(status_code=503)
+        probe = _next_step(engine, h.progress) if h.live_requests else _one_token(engine)
         try:
-            await asyncio.wait_for(one_token(), HEALTH_CHECK_TIMEOUT_S)
-        except Exception:  # a timeout or an engine failure: unhealthy either way
+            await asyncio.wait_for(probe, HEALTH_CHECK_TIMEOUT_S)
+        except Exception:  # a timeout, a hold or an engine failure: unhealthy either way
             return Response(status_code=503)
         return Response(status_code=200)
+
+
+async def _one_token(engine: Engine) -> None:
+    request = GenerationRequest(rid=f"{HEALTH_CHECK_RID_PREFIX}_{uuid.uuid4().hex}", input_ids=(0,),
+                                sampling=SamplingParams(max_new_tokens=1, temperature=0.0))
+    async for _ in engine.submit(request):
+        return
+
+
+async def _next_step(engine: Engine, progress: Optional[int]) -> None:
+    """Return once the engine finishes a step after ``progress``; raise if generation becomes held.
+    An engine that does not count steps (``progress`` None) is taken at its word."""
+    while progress is not None:
+        h = engine.health()
+        if not h.serving:
+            raise RuntimeError(h.detail)
+        if h.progress != progress:
+            return
+        await asyncio.sleep(HEALTH_POLL_S)
 
 
 def _info_routes(app: FastAPI, service: RolloutService, engine: Engine) -> None:
@@ -149,7 +167,7 @@ def core_load(engine: Engine) -> dict[str, Any]:
     h = engine.health()
     page = engine.info().page_size
     total = (h.total_pages or 0) * page
-    used = ((h.total_pages or 0) - (h.free_pages or 0)) * page
+    used = h.used_pages * page
     return {"timestamp": time.time(), "dp_rank": 0, "num_running_reqs": h.live_requests - h.queued_requests,
             "num_waiting_reqs": h.queued_requests, "num_used_tokens": used, "num_total_tokens": total,
             "max_total_num_tokens": total, "max_running_requests": engine.max_running_requests() or 0,

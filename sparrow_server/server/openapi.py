@@ -71,8 +71,10 @@ PLAIN_ROUTES: dict[tuple[str, str], dict[int, dict[str, Any]]] = {
     **{(m, "/flush_cache"): {200: {"description": "Cache flushed (plain text)", "content": _TEXT},
                              400: {"description": "Requests are running (plain text, as SGLang)", "content": _TEXT}}
        for m in ("GET", "POST")},
-    ("GET", "/health_generate"): {200: {"description": "The engine produced a token (empty body, as SGLang)"},
-                                  503: {"description": "No token within SGLang's 20 s (empty body)"}},
+    ("GET", "/health_generate"): {200: {"description": "The engine produced a token or finished a step (empty "
+                                                       "body, as SGLang)"},
+                                  503: {"description": "None within SGLang's 20 s, or at once while the KV cache is "
+                                                       "released or generation paused (empty body)"}},
 }
 HEALTH = ("GET", "/health")
 
@@ -153,7 +155,8 @@ def build_openapi(app: FastAPI) -> dict[str, Any]:
             if (method, route.path) == HEALTH:
                 responses["200"] = _json(_ref("HealthBody"), "Engine healthy")
                 responses["503"] = _json({"anyOf": [_ref("HealthBody"), _ref("ErrorBody")]},
-                                         "Engine loop not running, or shutting down")
+                                         "Engine loop not running, KV cache released, generation paused, "
+                                         "or shutting down")
             for code, response in PLAIN_ROUTES.get((method, route.path), {}).items():
                 responses[str(code)] = response
             media = TEXT_ROUTES.get((method, route.path))

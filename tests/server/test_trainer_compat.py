@@ -29,6 +29,7 @@ from helpers.server_util import CharTokenizer
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
+from sparrow_server.server.control import HEALTH_CHECK_TIMEOUT_S
 
 PROMPT = [(5 * i + 2) % (TINY_VOCAB - 1) + 1 for i in range(40)]
 LONG = 600  # tokens: still generating when the control call arrives (see throttle_decode)
@@ -148,6 +149,16 @@ class LongRollout:
 
 def num_requests(url: str) -> int:
     return slime_num_requests_from_load(httpx.get(f"{url}/v1/loads?include=core", timeout=10).json())
+
+
+def health(url: str) -> tuple[int, dict]:
+    r = httpx.get(f"{url}/health", timeout=10)
+    return r.status_code, r.json()
+
+
+def health_generate(url: str) -> int:
+    """A held engine must answer well before SGLang's 20 s generation timeout: the client gives up at half."""
+    return httpx.get(f"{url}/health_generate", timeout=HEALTH_CHECK_TIMEOUT_S / 2).status_code
 
 
 # ----- slime --------------------------------------------------------------------------------------------
@@ -316,3 +327,56 @@ def test_flush_timeout_waits_for_idle_and_release_needs_idle(server):
     assert httpx.get(f"{server.url}/flush_cache?timeout=30", timeout=60).status_code == 200  # waited for the abort
     assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
     assert httpx.get(f"{server.url}/flush_cache?timeout=-1", timeout=10).status_code == 422
+
+
+# ----- health while nothing can run (a router or trainer polling it must not send traffic into a stall) ------
+def test_health_reports_released_kv_cache_until_resumed(server):
+    want, _, _, _ = slime_generate(server.url, slime_sampling_params())
+    assert health_generate(server.url) == 200
+    slime_make_request(server.url, "release_memory_occupation", {"tags": ["kv_cache"]})
+    queued = {}
+    thread = threading.Thread(target=lambda: queued.update(out=slime_generate(server.url, slime_sampling_params())),
+                              daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: num_requests(server.url) == 1, 10, "the request to queue")
+        status, body = health(server.url)
+        assert status == 503 and body["status"] == "memory_released" and "resume_memory_occupation" in body["detail"]
+        assert body["free_pages"] == 0 and body["total_pages"] > 0 and body["queued_requests"] == 1
+        assert health_generate(server.url) == 503  # at once: no token can come
+        load = httpx.get(f"{server.url}/v1/loads?include=core", timeout=10).json()["loads"][0]
+        assert load["num_used_tokens"] == 0 and load["num_waiting_reqs"] == 1
+        assert "out" not in queued and server.engine.live_requests()  # it made no progress
+    finally:
+        slime_make_request(server.url, "resume_memory_occupation", {"tags": ["kv_cache"]})
+    thread.join(30)
+    assert queued["out"][0] == want
+    assert health_generate(server.url) == 200
+    status, body = health(server.url)
+    assert status == 200 and body["status"] == "ok" and body["free_pages"] == body["total_pages"] > 0
+
+
+def test_health_reports_paused_generation_until_continued(server):
+    rollout = LongRollout(server.url)
+    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
+    assert health_generate(server.url) == 200  # busy: the engine finished a step
+    slime_make_request(server.url, "pause_generation", {"mode": "in_place"})
+    try:
+        status, body = health(server.url)
+        assert status == 503 and body["status"] == "paused" and "continue_generation" in body["detail"]
+        assert health_generate(server.url) == 503  # a live request that cannot move does not make it healthy
+    finally:
+        slime_make_request(server.url, "continue_generation")
+    assert health_generate(server.url) == 200 and health(server.url)[1]["status"] == "ok"
+    out = rollout.join()
+    assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == LONG
+
+
+def test_health_generate_answers_503_while_paused_idle(server):
+    slime_make_request(server.url, "pause_generation", {"mode": "abort"})
+    try:
+        assert health_generate(server.url) == 503 and health(server.url)[0] == 503
+        assert not server.engine.live_requests()  # no health-check request left queued behind the pause
+    finally:
+        slime_make_request(server.url, "continue_generation")
+    assert health_generate(server.url) == 200

@@ -25,6 +25,8 @@ from sparrow_server.engine.base import (
     FinishReason,
     GenerationChunk,
     GenerationRequest,
+    HELD_MEMORY_RELEASED,
+    HELD_PAUSED,
     InvalidRequestError,
     PageSelection,
 )
@@ -78,7 +80,8 @@ class ReferenceEngine(Engine):
                                   head_dim, dtype, self.runner.device)
         self.scheduler = Scheduler(self.cache, max_batch_size)
         self._thread: threading.Thread | None = None
-        self.steps = 0
+        self.steps = 0  # decode forwards
+        self.loop_steps = 0  # loop iterations that did work (admission, prefill, decode or aborts): progress
         # weight updates, pause/continue (sets the scheduler's gate); owns the weight version
         self.weight_sync = ReferenceWeightSync(self.scheduler, self.runner, self.cache, weight_version)
         self.weight_group_port = ReferenceWeightGroups(self.weight_sync, weight_group_timeout_s)  # trainer broadcasts
@@ -153,8 +156,16 @@ class ReferenceEngine(Engine):
     def health(self) -> EngineHealth:
         counts = self.scheduler.counts()
         alive = self._thread is not None and self._thread.is_alive()
-        return EngineHealth(ok=alive, live_requests=counts.live, queued_requests=counts.waiting, free_pages=self.cache.free_pages,
-                            total_pages=self.cache.usable_pages, detail="" if alive else "engine loop not running")
+        released, paused = self.cache.released, self.weight_sync.mode
+        held = HELD_MEMORY_RELEASED if released else HELD_PAUSED if paused is not None else None
+        detail = "; ".join(text for cond, text in (
+            (not alive, "engine loop not running"),
+            (released, "KV cache released: requests wait for /resume_memory_occupation"),
+            (paused is not None, f"generation paused ({paused}): requests wait for /continue_generation"),
+        ) if cond)
+        return EngineHealth(ok=alive, live_requests=counts.live, queued_requests=counts.waiting,
+                            free_pages=0 if released else self.cache.free_pages, total_pages=self.cache.usable_pages,
+                            detail=detail, held=held, progress=self.loop_steps)
 
     def live_requests(self) -> tuple[str, ...]:
         return tuple(r.rid for r in self.scheduler.live())
@@ -225,6 +236,7 @@ class ReferenceEngine(Engine):
                 batch = self.scheduler.decode_batch()
                 if batch:
                     self._decode_isolated(batch)
+            self.loop_steps += 1
 
     def _guarded(self, seqs: list[LiveRequest], step) -> None:
         """Run a step; on an exception end those requests with an error and keep serving."""
