@@ -1,0 +1,53 @@
+"""The GPU suite's scripts, checked on CPU: every deliberate break applies to today's code exactly once,
+names GPU tests that exist, leaves the broken file compilable, and the suite runner is valid bash."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _breaks():
+    spec = importlib.util.spec_from_file_location("gpu_breaks", ROOT / "benchmarks/gpu_host/breaks.py")
+    mod = sys.modules.setdefault("gpu_breaks", importlib.util.module_from_spec(spec))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _test_names(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+
+
+@pytest.mark.parametrize("name", [b.name for b in _breaks().BREAKS])
+def test_break_applies_once_and_names_existing_tests(tmp_path, name):
+    mod = _breaks()
+    brk = mod.by_name([name])[0]
+    target = tmp_path / brk.path
+    target.parent.mkdir(parents=True)
+    shutil.copy(ROOT / brk.path, target)
+    mod.apply(tmp_path, brk)
+    broken = target.read_text()
+    assert broken != (ROOT / brk.path).read_text() and brk.new in broken
+    compile(broken, str(target), "exec")
+    for test in brk.tests:
+        module, func = test.split("::")
+        assert func in _test_names(ROOT / module), test
+    if brk.old not in brk.new:  # a break that no longer matches the code says so
+        with pytest.raises(ValueError, match="0 times"):
+            mod.apply(tmp_path, brk)
+
+
+def test_unknown_break_is_refused():
+    with pytest.raises(SystemExit, match="unknown break"):
+        _breaks().by_name(["no_such_break"])
+
+
+def test_suite_runner_is_valid_bash():
+    assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks/gpu_host/run_gpu_suite.sh")]).returncode == 0
