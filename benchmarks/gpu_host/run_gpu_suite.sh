@@ -32,7 +32,7 @@ module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its fi
   local gpus=$1 name=$2
   mkdir -p "$W/$name"
   log "start $name on GPU $gpus"
-  CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$name" timeout 560 python3 -m pytest -q -p no:cacheprovider -rfEs \
+  CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$name" timeout 500 python3 -m pytest -q -p no:cacheprovider -rfEs \
     --basetemp="/tmp/pytest-$name" "tests/gpu/test_$name.py" > "$W/$name/pytest.log" 2>&1
   local rc=$?
   echo "$name (GPU $gpus, rc $rc, $(( $(date +%s) - T0 )) s into part $PART): $(tail -n 1 "$W/$name/pytest.log")" \
