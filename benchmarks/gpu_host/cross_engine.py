@@ -175,16 +175,21 @@ def tf_selections(model: Any, ids: torch.Tensor, prompt_len: int, schedule: Sche
     return out
 
 
-def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict:
-    """Share of recorded (token, layer, KV head) selections equal to the reference's, and mean Jaccard."""
+def _rows_by_prompt_len(rows: list[dict]) -> dict[int, dict]:
     by_plen = {}
     for r in rows:
         if len(r["prompt_ids"]) in by_plen:
             raise ValueError(f"prompt length {len(r['prompt_ids'])} is not unique among the rollouts: generate with "
                              "--distinct-lengths for the selection run")
         by_plen[len(r["prompt_ids"])] = r
-    equal, jaccard, per_layer = [], [], {}
-    for plen, row in by_plen.items():
+    return by_plen
+
+
+def _reference_pages(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict[int, np.ndarray]:
+    """The reference's pages for each record index (records of rollouts not in ``rows`` are left out).
+    A layer the reference attends densely (a dense layer of the schedule) reads every page."""
+    out = {}
+    for plen, row in _rows_by_prompt_len(rows).items():
         pick = np.flatnonzero(records["prompt_len"] == plen)
         if pick.size == 0:
             continue
@@ -196,14 +201,28 @@ def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], d
         ref = tf_selections(model, ids, plen, sched, wanted)
         for i in pick:
             layer, t, head = int(records["layer"][i]), int(records["length"][i]) - 1, int(records["head"][i])
-            if t >= ids.shape[0]:
-                continue
-            # a layer the reference attends densely (a dense layer of the schedule) reads every page
-            expected = ref[(layer, t)][head] if (layer, t) in ref else np.arange(-(-(t + 1) // sched.page_size))
-            a, b = set(records["pages"][i].tolist()), set(expected.tolist())
-            equal.append(a == b)
-            jaccard.append(len(a & b) / max(len(a | b), 1))
-            per_layer.setdefault(layer, []).append(a == b)
+            if t < ids.shape[0]:
+                out[int(i)] = ref[(layer, t)][head] if (layer, t) in ref else np.arange(-(-(t + 1) // sched.page_size))
+    return out
+
+
+def reference_records(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict[str, Any]:
+    """``records`` with each record's pages replaced by ``model``'s selection at the same (token, layer,
+    KV head): e.g. the reference run in bf16, whose agreement with the float32 one is what rounding explains."""
+    pages = _reference_pages(model, rows, records, device)
+    keep = np.asarray(sorted(pages), dtype=np.int64)
+    return {**{k: np.asarray(v)[keep] for k, v in records.items() if k != "pages"}, "pages": [pages[i] for i in keep]}
+
+
+def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict:
+    """Share of recorded (token, layer, KV head) selections equal to the reference's, and mean Jaccard."""
+    equal, jaccard, per_layer = [], [], {}
+    for i, expected in _reference_pages(model, rows, records, device).items():
+        a, b = set(records["pages"][i].tolist()), set(expected.tolist())
+        layer = int(records["layer"][i])
+        equal.append(a == b)
+        jaccard.append(len(a & b) / max(len(a | b), 1))
+        per_layer.setdefault(layer, []).append(a == b)
     return {"records": len(equal), "agree_share": float(np.mean(equal)) if equal else None,
             "mean_jaccard": float(np.mean(jaccard)) if jaccard else None,
             "agree_share_by_layer": {str(k): float(np.mean(v)) for k, v in sorted(per_layer.items())}}

@@ -192,9 +192,15 @@ def test_every_rank_selects_sparsely_for_its_heads(tmp, sparrow_tp2_eager):
 
 @pytest.mark.parametrize("key", ["dense", "sparse"])
 def test_tp2_agrees_with_tp1(tmp, sparrow_tp1, sparrow_tp2, key):
-    """TP 2 computes what TP 1 does up to bf16 rounding (the all-reduce order differs)."""
+    """TP 2 computes what TP 1 does up to bf16 rounding. The all-reduce order differs, so prefill and
+    decode logits differ by an ulp (0.125-0.25 nats at this model's logit scale) and greedy tokens
+    part at the first near-tie, often within a few tokens (measured on 2 x H200: ties of 0.0 and
+    0.25 nats at positions 0-39); so every divergence must be at a near-tie, and the positions before
+    it must agree: dense within the usual tolerance; sparse, where a page selection flipped by the
+    same rounding moves a position by up to ~1 nat, within the dense p90 bound (median unbounded)."""
     _save(tmp, f"agreement_tp2_vs_tp1_{key}", C.summary(sparrow_tp1[key], sparrow_tp2[key]))
-    C.assert_agree(sparrow_tp1[key], sparrow_tp2[key], f"{key}: TP 2 vs TP 1")
+    median = C.MEDIAN_NATS if key == "dense" else C.P90_NATS
+    C.assert_agree(sparrow_tp1[key], sparrow_tp2[key], f"{key}: TP 2 vs TP 1", median_nats=median, min_compared=0.0)
 
 
 def test_each_rank_selects_what_the_oracle_selects(tmp, sparrow_tp2_eager):
@@ -206,12 +212,9 @@ def test_each_rank_selects_what_the_oracle_selects(tmp, sparrow_tp2_eager):
     if MODEL != "tiny":
         pytest.skip("the oracle needs real weights; dummy weights differ per load")
     model, _ = _model(tmp)
-    oracle = O.load_oracle(model)
     schedule = {s.name: s for s in builtin_schedules()}[SPARSE]
-    report = {}
-    for pid, folder in sparrow_tp2_eager["ranks"].items():
-        agree = O.selection_agreement(oracle, _prompts(), sparrow_tp2_eager["sparse"].tokens, schedule,
-                                      load_records(folder))
-        report[pid] = agree
+    report = {pid: O.selection_check(model, _prompts(), sparrow_tp2_eager["sparse"].tokens, schedule,
+                                     load_records(folder))
+              for pid, folder in sparrow_tp2_eager["ranks"].items()}
     _save(tmp, "tp2_selections_vs_oracle", report)
-    assert len(report) == 2 and all(not O.selection_problems(a) for a in report.values()), report
+    assert len(report) == 2 and all(not O.selection_problems(c) for c in report.values()), report

@@ -18,21 +18,21 @@ for sub in ("benchmarks", "benchmarks/gpu_host"):
 # Rules of the cross-engine test (tests/gpu/test_cross_engine.py): bf16 serving against float32.
 DENSE_MEDIAN_NATS = 0.1
 DENSE_P99_NATS = 1.0
-# Selections (fp32 landmarks on the server, so only bf16 queries and keys differ from the oracle):
-# SmolLM2 at 4K gave 0.85 of the (token, layer, KV head) records equal and a mean Jaccard of 0.987
-# (benchmarks/results/gpu_call16). One reserved page off by one replaces one of ~32 pages in every
-# record (Jaccard 0.94, equal only where the extra page was a top-k page anyway); a wrong KV head or
-# request gives about the budget's share.
-MIN_AGREE_SHARE = 0.6
-MIN_MEAN_JACCARD = 0.9
-MIN_LAYER_AGREE_SHARE = 0.5  # SmolLM2's lowest layer: 0.77; a layer run sparse that should be dense: 0
-
-
-def load_oracle(model_dir: Path):
+# Selections. The server scores pages from bf16 queries and keys (fp32 landmarks of bf16 keys), so it
+# cannot agree with the float32 reference more than the reference itself run in bf16 does: near-tied
+# page scores flip. That agreement (the floor) is measured in the same run on the same records, and the
+# server must reach it within a margin, overall and in every layer. Measured on the tiny model (CPU,
+# bf16 vs float32 reference, the GPU run's tokens): 0.51 of the records equal, 0.40 in its worst layer;
+# the server on the GPU: 0.57 / 0.48. One reserved page off by one changes every record where the
+# displaced page was not in the reference's top-k anyway; a wrong KV head or request changes nearly all.
+AGREE_MARGIN = 0.15
+LAYER_AGREE_MARGIN = 0.2
+JACCARD_MARGIN = 0.03
+def load_oracle(model_dir: Path, dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
     return model.to("cuda").eval()
 
 
@@ -60,20 +60,32 @@ def dense_difference(oracle, prompts, tokens, logprobs) -> dict:
     return {"n": int(d.size), "median": float(np.median(d)), "p99": float(np.quantile(d, 0.99)), "max": float(d.max())}
 
 
-def selection_agreement(oracle, prompts, tokens, schedule, records: dict) -> dict:
+def selection_check(model_dir: Path, prompts, tokens, schedule, records: dict) -> dict:
+    """The server's selections against the float32 reference's, next to the floor: the same reference
+    run in bf16 at the same records. Returns {"server": agreement, "bf16_reference": agreement}."""
     import cross_engine as X
 
-    return X.selection_agreement(oracle, rows(prompts, tokens, schedule), records, "cuda")
+    table = rows(prompts, tokens, schedule)
+    oracle = load_oracle(model_dir)
+    bf16 = X.reference_records(load_oracle(model_dir, "bfloat16"), table, records, "cuda")
+    return {"server": X.selection_agreement(oracle, table, records, "cuda"),
+            "bf16_reference": X.selection_agreement(oracle, table, bf16, "cuda")}
 
 
-def selection_problems(agree: dict) -> list[str]:
+def selection_problems(check: dict) -> list[str]:
+    got, floor = check["server"], check["bf16_reference"]
+    if not got.get("records") or not floor.get("records"):
+        return [f"no selection record was compared: {check}"]
     problems = []
-    if not agree.get("records"):
-        problems.append("no selection record was compared")
-    elif agree["agree_share"] < MIN_AGREE_SHARE or agree["mean_jaccard"] < MIN_MEAN_JACCARD:
-        problems.append(f"selections agree with the oracle on {agree['agree_share']:.3f} of {agree['records']} "
-                        f"records (>= {MIN_AGREE_SHARE}), mean Jaccard {agree['mean_jaccard']:.3f} (>= {MIN_MEAN_JACCARD})")
-    low = {k: v for k, v in agree.get("agree_share_by_layer", {}).items() if v < MIN_LAYER_AGREE_SHARE}
-    if low:
-        problems.append(f"layers whose selections agree on less than {MIN_LAYER_AGREE_SHARE}: {low}")
+    if got["agree_share"] < floor["agree_share"] - AGREE_MARGIN:
+        problems.append(f"selections equal the float32 reference's on {got['agree_share']:.3f} of {got['records']} "
+                        f"records; the bf16 reference reaches {floor['agree_share']:.3f} (margin {AGREE_MARGIN})")
+    if got["mean_jaccard"] < floor["mean_jaccard"] - JACCARD_MARGIN:
+        problems.append(f"mean Jaccard {got['mean_jaccard']:.3f} vs the bf16 reference's {floor['mean_jaccard']:.3f} "
+                        f"(margin {JACCARD_MARGIN})")
+    for layer, share in got["agree_share_by_layer"].items():
+        expected = floor["agree_share_by_layer"].get(layer, 1.0)
+        if share < expected - LAYER_AGREE_MARGIN:
+            problems.append(f"layer {layer}: {share:.3f} equal vs the bf16 reference's {expected:.3f} "
+                            f"(margin {LAYER_AGREE_MARGIN})")
     return problems

@@ -105,5 +105,8 @@ def test_selection_agreement_with_engine_recorded_pages(model_dir):
     model = load_plain(model_dir, "sdpa")
     agree = X.selection_agreement(model, rows, records, "cpu")
     assert agree["records"] == len(records["pages"]) and agree["agree_share"] == 1.0
+    ref = X.reference_records(model, rows, records, "cpu")  # the reference's own pages at the same records
+    assert [p.tolist() for p in ref["pages"]] == [p.tolist() for p in records["pages"]]
+    assert (ref["layer"] == records["layer"]).all() and (ref["head"] == records["head"]).all()
     records["pages"][0] = np.array(sorted(set(records["pages"][0].tolist()) ^ {0, 1}))
     assert X.selection_agreement(model, rows, records, "cpu")["agree_share"] < 1.0
