@@ -123,6 +123,11 @@ def run_one(brk: Break, gpus: str, port_offset: int, out: Path, timeout_s: float
             "failed_tests": failed, "returncode": proc.returncode, "seconds": round(time.time() - t0, 1)}
 
 
+def port_offset(gpu: str) -> int:
+    """Ports of a break's servers: apart from the unbroken suite's (offset 0) and from other GPUs' lanes."""
+    return 1000 * (1 + int(gpu))
+
+
 def run(breaks: list[Break], gpus: list[str], out: Path, timeout_s: float) -> list[dict]:
     """One break per GPU at a time (a two-GPU break takes every GPU); results in the breaks' order."""
     out.mkdir(parents=True, exist_ok=True)
@@ -133,12 +138,12 @@ def run(breaks: list[Break], gpus: list[str], out: Path, timeout_s: float) -> li
 
         def lane(i: int) -> None:
             for b in lanes[i]:
-                results[b.name] = run_one(b, gpus[i], 1000 * i, out, timeout_s)
+                results[b.name] = run_one(b, gpus[i], port_offset(gpus[i]), out, timeout_s)
 
         list(pool.map(lane, range(len(gpus))))
     for b in breaks:
         if b.gpus > 1:
-            results[b.name] = (run_one(b, ",".join(gpus), 0, out, timeout_s) if len(gpus) >= b.gpus else
+            results[b.name] = (run_one(b, ",".join(gpus), port_offset(gpus[0]), out, timeout_s) if len(gpus) >= b.gpus else
                                {"break": b.name, "skipped": f"needs {b.gpus} GPUs"})
     ordered = [results[b.name] for b in breaks]
     with open(out / "breaks.jsonl", "w") as f:

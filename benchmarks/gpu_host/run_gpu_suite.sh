@@ -5,14 +5,16 @@
 #         pools, so they share a card); with 2 GPUs, trainer compat alone on GPU 1 (it measures the
 #         card's free memory around a release, so nothing else may run there).
 # PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat (the TP tests skip).
-# PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree).
+# PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
+#         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
+# PART serving | tp: that module alone (GPU 0; the TP module on GPUs 0,1), e.g. beside a breaks part.
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
-# $OUT/gpu_suite_part<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
+# $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
 set -uo pipefail
 PART="${1:?part: 1, 2 or breaks}"
 R="${R:-$PWD}"; OUT="${OUT:-/tmp/gpu-suite-out}"; SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"
-W="/tmp/gpu-suite-$PART"
+W="/tmp/gpu-suite-$PART${BREAK_GPUS:+-gpu${BREAK_GPUS//,/}}"
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 log() { echo "[suite $PART +$(( $(date +%s) - T0 ))s] $*"; }
@@ -47,17 +49,20 @@ case "$PART" in
     wait ;;
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
+  serving) module 0 sglang_serving ;;
+  tp) module 0,1 sglang_tp ;;
   breaks)
-    gpus=$(seq -s, 0 $(( NGPU - 1 )))
+    gpus=${BREAK_GPUS:-$(seq -s, 0 $(( NGPU - 1 )))}
     log "breaks on GPUs $gpus"
-    python3 benchmarks/gpu_host/breaks.py run --gpus "$gpus" --out "$W/breaks" > "$W/breaks.log" 2>&1
+    python3 benchmarks/gpu_host/breaks.py run --gpus "$gpus" --out "$W/breaks" ${BREAKS_ONLY:+--only $BREAKS_ONLY} \
+      > "$W/breaks.log" 2>&1
     echo "breaks (GPUs $gpus, rc $?): $(grep -c '"caught": true' "$W/breaks/breaks.jsonl" 2>/dev/null) of" \
       "$(wc -l < "$W/breaks/breaks.jsonl" 2>/dev/null) caught" >> "$W/summary.txt"
-    cp "$W/breaks/breaks.jsonl" "$OUT/" 2>/dev/null ;;
+    cp "$W/breaks/breaks.jsonl" "$OUT/breaks${BREAK_GPUS:+-gpu${BREAK_GPUS//,/}}.jsonl" 2>/dev/null ;;
   *) log "unknown part $PART"; exit 2 ;;
 esac
 
 cat "$W/summary.txt" | tee -a "$OUT/gpu_suite_summary.txt"
-tar -C /tmp -cJf "$OUT/gpu_suite_part$PART.tar.xz" "gpu-suite-$PART" 2>/dev/null
-log "packed $OUT/gpu_suite_part$PART.tar.xz ($(du -h "$OUT/gpu_suite_part$PART.tar.xz" | cut -f1))"
+tar -C /tmp -cJf "$OUT/$(basename "$W").tar.xz" "$(basename "$W")" 2>/dev/null
+log "packed $OUT/$(basename "$W").tar.xz ($(du -h "$OUT/$(basename "$W").tar.xz" | cut -f1))"
 ! grep -q "rc [1-9]" "$W/summary.txt"
