@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from helpers.engine_util import scenario
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
 from sparrow_server.engine.base import GenerationRequest, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
@@ -98,17 +99,6 @@ async def greedy(engine: ReferenceEngine, rid: str) -> tuple[list[int], set[str]
         tokens += chunk.token_ids
         versions.add(chunk.weight_version)
     return tokens, versions
-
-
-def scenario(engine: ReferenceEngine, coro_fn):
-    async def main():
-        await engine.start()
-        try:
-            return await coro_fn()
-        finally:
-            await engine.shutdown()
-
-    return asyncio.run(main())
 
 
 def snapshot(engine: ReferenceEngine) -> dict[str, torch.Tensor]:

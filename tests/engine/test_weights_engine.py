@@ -9,6 +9,7 @@ import asyncio
 import pytest
 import torch
 
+from helpers.engine_util import scenario
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
 from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION, GenerationRequest, SamplingParams
 from sparrow_server.engine.reference import ReferenceEngine
@@ -86,17 +87,6 @@ class Stream:
 
 async def run(engine, request) -> Stream:
     return await Stream(engine, request).task
-
-
-def scenario(engine, coro_fn):
-    async def main():
-        await engine.start()
-        try:
-            return await coro_fn()
-        finally:
-            await engine.shutdown()
-
-    return asyncio.run(main())
 
 
 def fresh_run(directory, request) -> Stream:

@@ -46,3 +46,16 @@ def run_requests(engine, *requests: GenerationRequest) -> list[Collected]:
         return await asyncio.gather(*(collect(engine, r) for r in requests))
 
     return asyncio.run(main())
+
+
+def scenario(engine, coro_fn):
+    """Start the engine, run ``coro_fn()`` on its event loop, shut the engine down; returns its result."""
+
+    async def main():
+        await engine.start()
+        try:
+            return await coro_fn()
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(main())
