@@ -23,18 +23,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks"), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import httpx  # noqa: E402
 
 import sglang_server as S  # noqa: E402
-from fleet_util import running_router  # noqa: E402
+from fleet_router import RouterSettings, running_router  # noqa: E402
 from sparrow_server.client import SparrowClient  # noqa: E402
 
 KEY = "fleet-2gpu-admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SPARSE = "qwen3-1.7b-0.86"
 NEW = 48
+# SGLang 0.5.17's /health is its /health_generate: it queues a one-token generation, then sleeps 1 s
+# before its first look for output (entrypoints/http_server.py, health_generate), so it never answers
+# in under a second. The CPU fleet tests' 1 s health-check timeout therefore timed out every check of a
+# GPU worker (gpu_call8: "HTTP health check failed ... TimedOut" while Python clients, with longer
+# timeouts, got 200). The router's default timeout (5 s) is what deploy/ runs.
+SGLANG_ROUTER = RouterSettings(health_check_interval_s=2, health_check_timeout_s=5, startup_timeout_s=120.0)
 ARGS = ["--api-key", KEY, "--max-batch-size", "16", "--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "16",
         "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache"]
 
@@ -46,8 +52,8 @@ def prompts(n: int, length: int = 1500) -> list[list[int]]:
     return [[rng.randrange(10, 4000) for _ in range(length)] for _ in range(n)]
 
 
-def rollout(base: str, prompt: list[int]) -> dict:
-    body = {"input_ids": prompt, "schedule": SPARSE,
+def rollout(base: str, prompt: list[int], schedule: str = SPARSE) -> dict:
+    body = {"input_ids": prompt, "schedule": schedule,
             "sampling_params": {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}}
     r = httpx.post(base + "/rollout", json=body, timeout=600)
     r.raise_for_status()
@@ -70,7 +76,7 @@ def router_run(servers, out: Path, report: dict) -> None:
     ps = prompts(8)
     direct = [rollout(servers[0].base, p)["token_ids"] for p in ps]
     before = generate_requests(out)
-    with running_router([s.base for s in servers], out) as router:
+    with running_router([s.base for s in servers], out, SGLANG_ROUTER) as router:
         client = SparrowClient(router.url, timeout=600)
         payloads = [{"input_ids": ps[i % 8], "sampling_params": {"max_new_tokens": NEW, "temperature": 0.0,
                                                                  "ignore_eos": True}} for i in range(32)]
@@ -121,15 +127,29 @@ def nccl_update(servers, weights_b: Path, report: dict, port: int = 29611) -> No
     assert reply.get("success"), reply
     disk = post(servers[1].base, "/update_weights_from_disk", {"model_path": str(weights_b), "weight_version": "disk-step-1"})
     assert disk.get("success"), disk
+    # Which of the candidate causes of a mismatch holds: the weights themselves (SGLang's per-engine
+    # checksum of every parameter: a tensor not sent or cast differs), or the serving state
+    # (each server answers the same rollouts twice: non-determinism shows as a server unequal to itself).
+    checksums = [post(s.base, "/weights_checker", {"action": "checksum"}) for s in servers]
     ps = prompts(4, 1200)
-    via_nccl = [rollout(servers[0].base, p) for p in ps]
-    via_disk = [rollout(servers[1].base, p) for p in ps]
-    equal = [a["token_ids"] == b["token_ids"] for a, b in zip(via_nccl, via_disk)]
-    report["nccl_weight_update"] = {"tensors": len(names), "update_s": round(nccl_s, 3),
-                                    "versions": [via_nccl[0]["meta"]["weight_version"], via_disk[0]["meta"]["weight_version"]],
-                                    "rollouts_equal_to_disk_update": sum(equal), "rollouts": len(equal)}
-    assert all(equal), "NCCL-updated server differs from the disk-updated one"
-    assert via_nccl[0]["meta"]["weight_version"] == "nccl-step-1"
+    runs = {f"{where}-{sched}-{rep}": [rollout(servers[i].base, p, sched) for p in ps]
+            for rep in (0, 1) for sched in (SPARSE, "dense") for i, where in enumerate(("nccl", "disk"))}
+    tokens = {k: [r["token_ids"] for r in v] for k, v in runs.items()}
+    equal = {sched: [a == b for a, b in zip(tokens[f"nccl-{sched}-0"], tokens[f"disk-{sched}-0"])]
+             for sched in (SPARSE, "dense")}
+    report["nccl_weight_update"] = {
+        "tensors": len(names), "update_s": round(nccl_s, 3),
+        "versions": [runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"],
+                     runs[f"disk-{SPARSE}-0"][0]["meta"]["weight_version"]],
+        "weights_checksum_equal": checksums[0].get("per_engine_checksum") == checksums[1].get("per_engine_checksum"),
+        "checksums": checksums,
+        "each_server_repeats_itself": {k: tokens[f"{k}-0"] == tokens[f"{k}-1"]
+                                       for k in (f"{w}-{s}" for w in ("nccl", "disk") for s in (SPARSE, "dense"))},
+        "rollouts_equal_to_disk_update": {k: sum(v) for k, v in equal.items()}, "rollouts": len(ps),
+        "distinct_tokens": [len(set(t)) for t in tokens[f"disk-{SPARSE}-0"]]}
+    assert report["nccl_weight_update"]["weights_checksum_equal"], "the NCCL update left other weights than the disk one"
+    assert all(all(v) for v in equal.values()), "NCCL-updated server differs from the disk-updated one"
+    assert runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"] == "nccl-step-1"
 
 
 # NCCL between the servers' processes and the trainer's on these VMs: no cuMem / P2P IPC (the first
@@ -142,15 +162,9 @@ def main(out: Path, parts: tuple[str, ...]) -> int:
 
     os.environ.update(NCCL_ENV)  # the servers inherit it (Server copies os.environ)
     out.mkdir(parents=True, exist_ok=True)
-    # The first router run could not reach the workers on loopback ("error sending request") while
-    # Python clients could: record the proxy settings the Rust client may honour, and exempt loopback.
-    proxies = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
-    (out / "proxy_env.json").write_text(json.dumps(proxies, indent=1))
-    for key in ("NO_PROXY", "no_proxy"):
-        os.environ[key] = ",".join(filter(None, [os.environ.get(key, ""), "127.0.0.1", "localhost"]))
     tmp = Path(tempfile.mkdtemp(prefix="fleet2gpu-"))
-    weights_a = S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5)
-    weights_b = S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5)
+    weights_a = S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5, attn_scale=2.0)
+    weights_b = S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5, attn_scale=2.0)
     servers = [S.Server(weights_a, ARGS + ["--state-dir", str(tmp / f"state-{i}")], out / f"server-{i}.log",
                         port=31400 + i, env={"CUDA_VISIBLE_DEVICES": str(i)}, sparrow=True) for i in range(2)]
     report: dict = {"servers": [s.base for s in servers]}

@@ -51,3 +51,14 @@ def test_unknown_break_is_refused():
 
 def test_suite_runner_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks/gpu_host/run_gpu_suite.sh")]).returncode == 0
+
+
+@pytest.mark.parametrize("script", ["benchmarks/fleet_2gpu.py", "benchmarks/gpu_host/breaks.py",
+                                    "benchmarks/gpu_host/cross_engine.py"])
+def test_gpu_scripts_import_and_answer_help_on_cpu(script):
+    """GPU-host scripts no CPU test runs: they import (product and benchmarks only, no test helper)
+    and parse their command line."""
+    done = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage" in done.stdout.lower()
