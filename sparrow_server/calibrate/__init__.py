@@ -2,8 +2,9 @@
 with bootstrap intervals, the cheapest feasible non-decreasing schedule, and a report folder."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sparrow_server.lazy_exports import lazy_getattr
 
 # Public name -> defining module, imported on first use: ``sparrow-server calibrate --help``
 # reads the defaults in ``pipeline`` without torch.
@@ -24,8 +25,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.calibrate.sources import EngineRolloutSource, Rollout, ServerRolloutSource
 
 
-def __getattr__(name: str) -> Any:
-    for module, names in _EXPORTS.items():
-        if name in names:
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -3,8 +3,9 @@ letting a tighter (cheaper) schedule reach the same tail acceptance. Applies onl
 rollout path; the dense policy never uses the adapter."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sparrow_server.lazy_exports import lazy_getattr
 
 # Public name -> defining module, imported on first use: ``config`` (what the CLI's
 # ``distill`` parser reads) imports neither torch nor transformers, and importing it runs this file.
@@ -32,8 +33,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.distill.train import DistillReport, train_lora
 
 
-def __getattr__(name: str) -> Any:
-    for module, names in _EXPORTS.items():
-        if name in names:
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -1,8 +1,9 @@
 """Acceptance statistics: per-token acceptance, per-bin tail quantiles, Beta tail fit, rolling p5."""
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sparrow_server.lazy_exports import lazy_getattr
 
 # Public name -> defining module, imported on first use: the numpy-only modules (``tail``,
 # ``rolling``, ``beta``) and their importers (calibration, the CLI) do not pay for torch.
@@ -26,8 +27,4 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.stats.tail import BinQuantile, binned_quantiles, bootstrap_quantile_ci, length_bins
 
 
-def __getattr__(name: str) -> Any:
-    for module, names in _EXPORTS.items():
-        if name in names:
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -19,7 +19,7 @@ import sparrow_server
 
 ROOT = Path(sparrow_server.__file__).parent
 SERVING_STACK = {"sglang", "sgl_kernel", "flashinfer", "vortex_torch"}
-CORE = ("sparsity", "stats", "cost", "autopilot", "models", "adapter_meta", "kernels", "modeling")
+CORE = ("sparsity", "stats", "cost", "autopilot", "models", "adapter_meta", "kernels", "modeling", "lazy_exports")
 # Lowest first. A package may import its own layer and the layers below it, never one above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     CORE,
