@@ -64,7 +64,8 @@ def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: flo
     uniform, the context barely reaches the output and greedy decoding repeats one token whatever
     pages are attended; at 2 a few keys dominate, the output depends on which pages are attended
     (a 512-token budget moves the chosen tokens' logprobs by ~0.2 nats median) and greedy outputs
-    vary (9-12 distinct tokens in 48), measured on CPU in float32 (benchmarks/results/gpu_suite/)."""
+    vary (9-14 distinct tokens in 48), measured on CPU in float32
+    (``benchmarks/gpu_host/tiny_model_probe.py``, benchmarks/results/gpu_suite/cpu_probe.log)."""
     import torch
     from safetensors.torch import save_file
 
