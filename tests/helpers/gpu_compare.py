@@ -12,8 +12,9 @@ attention) must agree:
   ``median_nats`` and 90th percentile <= ``p90_nats``. bf16 logits of magnitude 16-32 are spaced
   0.125-0.25 apart, and a page selection flipped by rounding moves a few positions by up to ~1 nat
   (CPU float32 vs bf16 on the tiny model: p99 0.70 nats, benchmarks/results/gpu_suite/cpu_probe.log),
-  so single positions are not required to agree; a bug that changes what a request attends (another request's schedule, a wrong page or KV
-  head) moves the median of every affected request (sparse vs dense: ~0.2 nats median);
+  so single positions are not required to agree; a bug that changes what a request attends (another
+  request's schedule, a wrong page or KV head) moves the median of every affected request (sparse vs
+  dense: ~0.2 nats median);
 - at least ``min_compared`` of all positions are compared (divergences late or absent).
 
 ``informative`` is the other half: a comparison of degenerate runs (one token repeated, sparse
