@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The GPU test suite (tests/gpu/) on a GPU host, in parts that each fit one device call (< 9 min):
 #   R=<repo root holding .kit and .whl> OUT=<returned folder> bash benchmarks/gpu_host/run_gpu_suite.sh PART
-# PART 1: serving, service, kernel (and cross-engine) tests at once on GPU 0 (their servers cap their KV
-#         pools, so they share a card); with 2 GPUs, trainer compat alone on GPU 1 (it measures the
-#         card's free memory around a release, so nothing else may run there).
-# PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat (the TP tests skip).
+# PART all (2 GPUs, the whole suite in one command): serving, service, kernel and cross-engine tests on
+#         GPU 0, trainer compat on GPU 1, the TP tests on both, all at once (every server caps its KV
+#         pool or sizes it from the memory free at its start; trainer compat measures what its server
+#         frees from NVML's per-process counts, so it need not have its card alone).
+# On one GPU, two commands:
+# PART 1: serving, service, kernel (and cross-engine) tests at once on GPU 0 (with 2 GPUs, trainer compat
+#         on GPU 1 beside them).
+# PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat alone (where NVML cannot see the
+#         server's processes it falls back to the card's used memory, right only on a card of its own;
+#         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
 # PART serving | tp: that module alone (GPU 0; the TP module on GPUs 0,1), e.g. beside a breaks part.
@@ -12,7 +18,7 @@
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
 set -uo pipefail
-PART="${1:?part: 1, 2 or breaks}"
+PART="${1:?part: all, 1, 2 or breaks}"
 R="${R:-$PWD}"; OUT="${OUT:-/tmp/gpu-suite-out}"; SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"
 W="/tmp/gpu-suite-$PART${BREAK_GPUS:+-gpu${BREAK_GPUS//,/}}"
 mkdir -p "$OUT" "$W"
@@ -34,7 +40,7 @@ module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its fi
   local gpus=$1 name=$2
   mkdir -p "$W/$name"
   log "start $name on GPU $gpus"
-  CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$name" timeout 500 python3 -m pytest -q -p no:cacheprovider -rfEs \
+  CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$name" timeout "${MODULE_TIMEOUT_S:-500}" python3 -m pytest -q -p no:cacheprovider -rfEs \
     --basetemp="/tmp/pytest-$name" "tests/gpu/test_$name.py" > "$W/$name/pytest.log" 2>&1
   local rc=$?
   echo "$name (GPU $gpus, rc $rc, $(( $(date +%s) - T0 )) s into part $PART): $(tail -n 1 "$W/$name/pytest.log")" \
@@ -43,6 +49,12 @@ module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its fi
 }
 
 case "$PART" in
+  all)
+    [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
+    MODULE_TIMEOUT_S=${MODULE_TIMEOUT_S:-480}  # the whole command stays inside one device call (< 9 min)
+    module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
+    module 1 sglang_trainer_compat & module 0,1 sglang_tp &
+    wait ;;
   1)
     module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
     [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat &

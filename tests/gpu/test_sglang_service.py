@@ -1,6 +1,9 @@
 """End-to-end on the GPU: ``sparrow-server serve --engine sglang`` (SGLang 0.5.17's HTTP server, the
 sparrow backend, the sparrow app mounted) serving a tiny random Qwen3 with peaked next-token
-distributions (untied output layer, std 0.5), LoRA enabled and an admin key.
+distributions (untied output layer, std 0.5) and attention that depends on the pages read
+(``attn_scale`` 2, as ``test_sglang_serving``), LoRA enabled and an admin key. The token-for-token
+checks below assert first that their rollouts are informative (varied tokens; the sparse schedule
+decodes unlike the dense one), so a model whose outputs ignore the context cannot pass them.
 
 The tests run in file order against one server (the last one changes its weights):
 - ``/rollout`` and SGLang's own ``/generate`` give the same greedy tokens; meta reports the
@@ -34,6 +37,8 @@ KEY = "gpu-test-admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 SPARSE = "qwen3-1.7b-0.86"  # 512-token budget below 2000 tokens: 1500-token prompts decode sparsely
 PORT = 31200
+ATTN_SCALE = 2.0
+MIN_DISTINCT = 4  # distinct tokens a 48-token rollout compared token for token must hold
 ARGS = ["--api-key", KEY, "--max-batch-size", "16", "--max-lora-rank", "8", "--enable-lora",
         "--lora-target-modules", "q_proj", "k_proj", "v_proj", "o_proj", "--max-loras-per-batch", "4",
         "--mem-fraction-static", "0.8", "--max-total-tokens", "131072", "--cuda-graph-max-bs", "16", "--cuda-graph-backend-prefill", "disabled",
@@ -55,8 +60,8 @@ def paths(tmp_path_factory):
     import sglang_server as S
 
     tmp = tmp_path_factory.mktemp("service")
-    p = {"tmp": tmp, "a": S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5),
-         "b": S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5),
+    p = {"tmp": tmp, "a": S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5, attn_scale=ATTN_SCALE),
+         "b": S.write_tiny_checkpoint(tmp / "weights-b", seed=1, lm_head_std=0.5, attn_scale=ATTN_SCALE),
          "v1": S.write_lora_adapter(tmp / "adapters" / "distill-v1", tmp / "weights-a", seed=11),
          "v2": S.write_lora_adapter(tmp / "adapters" / "distill-v2", tmp / "weights-a", seed=12)}
     other = json.loads((p["a"] / "config.json").read_text())
@@ -110,6 +115,10 @@ def test_rollout_matches_sglang_generate_and_reports_budget(server):
     sparse = _rollout(server.base, prompt)
     dense = _rollout(server.base, prompt, schedule="dense")
     via_sglang = S.generate(server.base, [prompt], 48, schedule=SPARSE)[0]["output_ids"]
+    assert len(set(sparse["token_ids"])) >= MIN_DISTINCT and len(set(dense["token_ids"])) >= MIN_DISTINCT, (sparse, dense)
+    # the budget changes what is decoded: the comparisons below could tell a wrong page from a right one
+    assert sparse["token_ids"] != dense["token_ids"] or max(
+        abs(a - b) for a, b in zip(sparse["logprobs"], dense["logprobs"])) > 0.5, (sparse, dense)
     assert sparse["token_ids"] == via_sglang
     m_sparse, m_dense = sparse["meta"], dense["meta"]
     assert m_sparse["schedule"] == SPARSE and m_dense["schedule"] == "dense"
@@ -227,8 +236,9 @@ def test_weight_update_while_streaming(server, paths):
     import httpx
 
     base = server.base
-    prompt = _prompt(5)
+    prompt = _prompt(7)  # 14 distinct greedy tokens in 48 on weights A and on B (float32 on CPU)
     before = _rollout(base, prompt)["token_ids"]
+    assert len(set(before)) >= MIN_DISTINCT, before
     for bad in ("/nonexistent/weights", str(paths["other"])):
         r = _post(base, "/update_weights_from_disk", {"model_path": bad}, AUTH)
         assert 400 <= r.status_code < 500 and r.json().get("success") is False, r.text
@@ -250,6 +260,7 @@ def test_weight_update_while_streaming(server, paths):
     fresh = _server(paths, paths["b"], "fresh-b", PORT + 1)
     with fresh:
         on_b = _rollout(fresh.base, prompt)
+    assert len(set(on_b["token_ids"])) >= MIN_DISTINCT, on_b
     assert after["token_ids"] == on_b["token_ids"]
     _record("weight_update", {"in_flight_finished_on_old": len(streams), "tokens_equal_fresh_server": True,
                               "bad_updates_refused": 2})

@@ -31,8 +31,9 @@ pytestmark = pytest.mark.gpu
 SPARSE = "qwen3-1.7b-0.86"   # 512-token budget below 2000 tokens: 1500-token prompts decode sparsely
 NEW = 48
 MODEL = os.environ.get("SPARROW_TP_MODEL", "tiny")
-COMMON = ["--page-size", "16", "--mem-fraction-static", "0.5", "--cuda-graph-max-bs", "8",
-          "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8"]
+# A capped KV pool: the suite runs this module on both cards beside the others (run_gpu_suite.sh all).
+COMMON = ["--page-size", "16", "--mem-fraction-static", "0.5", "--max-total-tokens", "131072",
+          "--cuda-graph-max-bs", "8", "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8"]
 ENV = {"SPARROW_DEFAULT_SCHEDULE": "dense", "NCCL_NVLS_ENABLE": "0", "SPARROW_LANDMARK_DTYPE": "float32"}
 ATTN_SCALE = 2.0  # as test_sglang_serving
 PORT = 31100 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))
