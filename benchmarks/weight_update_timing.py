@@ -283,12 +283,54 @@ def print_table(report: dict) -> None:
               "(the rest: pause, flush, continue)")
     for k, v in report.get("checks", {}).items():
         print(f"{'ok  ' if v else 'FAIL'} {k}")
+    for k, v in report.get("errors", {}).items():
+        print(f"ERROR {k}: {v}")
     print(f"same greedy tokens after each path: {report.get('same_rollout_tokens_after_each_path')}")
 
 
-def run(out: Path, reps: int, report: dict, work: Path) -> None:
+def nccl_path(c: dict, report: dict) -> None:
+    runs = [nccl_update(c["base"], c["pg"], c["group"], c["tensors"], c["plan"], f"nccl-{rep}")
+            for rep in range(c["reps"])]
+    report["paths"]["nccl"] = summarize(
+        "update_weights_from_distributed", [r["seconds"] for r in runs], c["bytes"], len(c["plan"]),
+        SLIME_BUCKET_BYTES, transfer_s=[round(r["transfer_s"], 3) for r in runs],
+        transfer_gbps=[round(c["bytes"] / r["transfer_s"] / 1e9, 2) for r in runs],
+        bucket_s=[round(s, 3) for s in runs[-1]["bucket_s"]], versions=[f"nccl-{rep}" for rep in range(c["reps"])],
+        after=server_state(c["base"]))
+
+
+def disk_path(c: dict, report: dict) -> None:
+    report["resets"]["reset_before_disk"] = reset(c["base"], c["pg"], c["group"], c["tensors"], c["plan"], "reset-1")
+    saved = save_checkpoint(c["tensors"], c["cfg"], c["work"] / "weights")
+    disk = disk_updates(c["base"], c["work"] / "weights", c["reps"])
+    report["paths"]["disk"] = summarize("update_weights_from_disk", disk["seconds"], c["bytes"], 1, None, save=saved,
+                                        versions=disk["versions"], after=server_state(c["base"]))
+
+
+def tensor_path(c: dict, report: dict) -> None:
+    report["resets"]["reset_before_tensor"] = reset(c["base"], c["pg"], c["group"], c["tensors"], c["plan"], "reset-2")
+    worker = tensor_updates(c["base"], c["reps"], c["work"])
+    report["paths"]["tensor"] = summarize(
+        "update_weights_from_tensor", worker["seconds"], worker["bytes"], worker["requests"], VERL_BUCKET_BYTES,
+        serialize_s=worker["serialize_s"], versions=worker["versions"], worker_digest=worker["digest"],
+        after=server_state(c["base"]))
+
+
+def trainer(base: str, cfg: dict, reps: int, work: Path, report: dict) -> dict:
+    """The trainer's tensors on GPU 0 and its NCCL group with the server."""
     import torch
 
+    torch.cuda.set_device(TRAINER_GPU)
+    tensors = make_tensors(param_shapes(cfg), SEED, f"cuda:{TRAINER_GPU}")
+    torch.cuda.synchronize()
+    report["trainer_digest"], report["tensors"] = digest(tensors), len(tensors)
+    pg, group = open_group(base)
+    plan = buckets([(n, t.numel() * t.element_size()) for n, t in tensors.items()], SLIME_BUCKET_BYTES)
+    return {"base": base, "cfg": cfg, "reps": reps, "work": work, "tensors": tensors, "bytes": nbytes(tensors),
+            "pg": pg, "group": group, "plan": plan}
+
+
+def run(out: Path, reps: int, report: dict, work: Path) -> None:
     cfg = S.qwen3_config(SIZE)
     server = S.Server(S.write_config(work / "dummy", cfg), ARGS + ["--state-dir", str(work / "state")],
                       out / "server.log", port=PORT, env={"CUDA_VISIBLE_DEVICES": str(SERVER_GPU)}, sparrow=True)
@@ -297,32 +339,15 @@ def run(out: Path, reps: int, report: dict, work: Path) -> None:
     STOP.append(server.stop)
     try:
         report["startup_s"] = round(server.start(timeout_s=300), 1)
-        base = server.base
-        report["before"] = server_state(base)
-        torch.cuda.set_device(TRAINER_GPU)
-        tensors = make_tensors(param_shapes(cfg), SEED, f"cuda:{TRAINER_GPU}")
-        torch.cuda.synchronize()
-        report["trainer_digest"], total = digest(tensors), nbytes(tensors)
-        report["tensors"] = len(tensors)
-        pg, group = open_group(base)
-        plan = buckets([(n, t.numel() * t.element_size()) for n, t in tensors.items()], SLIME_BUCKET_BYTES)
-        runs = [nccl_update(base, pg, group, tensors, plan, f"nccl-{rep}") for rep in range(reps)]
-        report["paths"]["nccl"] = summarize(
-            "update_weights_from_distributed", [r["seconds"] for r in runs], total, len(plan), SLIME_BUCKET_BYTES,
-            transfer_s=[round(r["transfer_s"], 3) for r in runs],
-            transfer_gbps=[round(total / r["transfer_s"] / 1e9, 2) for r in runs], bucket_s=[round(s, 3) for s in runs[-1]["bucket_s"]],
-            versions=[f"nccl-{rep}" for rep in range(reps)], after=server_state(base))
-        report["resets"]["reset_before_disk"] = reset(base, pg, group, tensors, plan, "reset-1")
-        saved = save_checkpoint(tensors, cfg, work / "weights")
-        disk = disk_updates(base, work / "weights", reps)
-        report["paths"]["disk"] = summarize("update_weights_from_disk", disk["seconds"], total, 1, None, save=saved,
-                                            versions=disk["versions"], after=server_state(base))
-        report["resets"]["reset_before_tensor"] = reset(base, pg, group, tensors, plan, "reset-2")
-        worker = tensor_updates(base, reps, work)
-        report["paths"]["tensor"] = summarize(
-            "update_weights_from_tensor", worker["seconds"], worker["bytes"], worker["requests"], VERL_BUCKET_BYTES,
-            serialize_s=worker["serialize_s"], versions=worker["versions"], worker_digest=worker["digest"],
-            after=server_state(base))
+        report["before"] = server_state(server.base)
+        c = trainer(server.base, cfg, reps, work, report)
+        nccl_path(c, report)
+        for name, path in (("disk", disk_path), ("tensor", tensor_path)):
+            try:  # a GPU run is scarce: one path's failure is recorded and the next still runs
+                path(c, report)
+            except Exception as e:  # noqa: BLE001
+                report["errors"][name] = f"{type(e).__name__}: {e}"
+                traceback.print_exc()
     finally:
         server.stop()
 
@@ -332,7 +357,7 @@ def main(out: Path, reps: int, deadline_s: float) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="weight-timing-"))
     report: dict = {"command": " ".join(sys.argv), "model": SIZE, "seed": SEED, "reps": reps, "paths": {},
-                    "resets": {}, "notes": ["disk loads read files just written: page cache warm",
+                    "resets": {}, "errors": {}, "notes": ["disk loads read files just written: page cache warm",
                                             "nccl rep 0 includes NCCL's lazy communicator set-up"]}
 
     def write() -> None:
@@ -366,7 +391,7 @@ def main(out: Path, reps: int, deadline_s: float) -> int:
             print_table(report)
         else:
             print(json.dumps(report, indent=1, default=str))
-    return 0 if report.get("checks") and all(report["checks"].values()) else 1
+    return 0 if report.get("checks") and all(report["checks"].values()) and not report["errors"] else 1
 
 
 if __name__ == "__main__":
