@@ -26,8 +26,8 @@ differs from the one before (dummy weights; between paths the trainer sends the 
 that each path has to change the weights to pass), ``/get_weight_version`` names the last update, and an
 8-token greedy dense ``/rollout`` runs under that version.
 
-Writes ``OUT/weight_update_timing.json`` and ``OUT/server.log``; prints a table. Exit status 1 if a check or a path failed
-(a failed disk or tensor path does not stop the next one), 3 past ``--deadline-s`` (a hung broadcast).
+Writes ``OUT/weight_update_timing.json`` and ``OUT/server.log``; prints a table. Exit status 1 if a check or a
+path failed (a failed disk or tensor path does not stop the next one), 3 past ``--deadline-s`` (a hung broadcast).
 Usage (GPU host, kit installed): python benchmarks/weight_update_timing.py OUT [--reps 3]
 """
 from __future__ import annotations
