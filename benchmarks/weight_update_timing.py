@@ -168,7 +168,9 @@ def disk_updates(base: str, model_dir: Path, reps: int) -> dict:
     for rep in range(reps):
         versions.append(f"disk-{rep}")
         t0 = time.perf_counter()
-        reply = post(base, "/update_weights_from_disk", {"model_path": str(model_dir), "weight_version": versions[-1]})
+        # the server started with --load-format dummy, which SGLang reuses for a disk update unless told
+        body = {"model_path": str(model_dir), "weight_version": versions[-1], "load_format": "auto"}
+        reply = post(base, "/update_weights_from_disk", body)
         seconds.append(time.perf_counter() - t0)
         if not reply.get("success"):
             raise RuntimeError(f"update_weights_from_disk: {reply}")

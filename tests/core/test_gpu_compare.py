@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from helpers.gpu_compare import Run, agreement_problems, informative_problems, run_from_outputs
+from helpers.gpu_compare import Run, agreement_problems, informative_problems, run_from_outputs, run_from_rollouts
 
 
 def _run(seed: int, n_req: int = 4, length: int = 48) -> Run:
@@ -88,3 +88,11 @@ def test_run_from_sglang_outputs():
     run = run_from_outputs(outs)
     assert run.tokens == [[5, 6]] and run.logprobs == [[-0.1, -0.2]]
     assert [round(g, 6) for g in run.top2_gap[0]] == [2.5, 0.1]
+
+
+def test_run_from_rollouts():
+    outs = [{"token_ids": [5, 6], "logprobs": [-0.1, -0.2], "top_logprobs": [[[-0.1, 5], [-2.6, 9]], [[-0.2, 6], [-0.3, 1]]]}]
+    run = run_from_rollouts(outs)
+    assert run.tokens == [[5, 6]] and run.logprobs == [[-0.1, -0.2]]
+    assert [round(g, 6) for g in run.top2_gap[0]] == [2.5, 0.1]
+    assert run_from_rollouts([{"token_ids": [5], "logprobs": [-0.1]}]).top2_gap == []

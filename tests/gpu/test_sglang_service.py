@@ -14,7 +14,8 @@ The tests run in file order against one server (the last one changes its weights
   adapter, and far lower for the same request with an adapter (the adapter is in the sparse actor only);
 - weight update from disk while rollouts stream (issue 8): bad path / other architecture -> 4xx and
   the old weights keep serving; in-flight requests finish on the old version; the first rollout
-  after the update equals a fresh server started on the new weights, token for token.
+  after the update agrees with a fresh server started on the new weights (tokens up to a near-tie,
+  logprobs within what bf16 explains: ``tests/helpers/gpu_compare.py``; exact equality is recorded).
 Results go to ``$OUT/service_results.json``.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from helpers import gpu_compare as C  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -255,12 +258,18 @@ def test_weight_update_while_streaming(server, paths):
     streams, update = asyncio.run(scenario())
     assert update.status_code == 200 and update.json()["success"], update.text
     assert all(len(t) == 300 and m["weight_version"] != "step-2" for t, m in streams)
-    after = _rollout(base, prompt)
+    after = _rollout(base, prompt, top_logprobs=2)
+    again = _rollout(base, prompt, top_logprobs=2)  # the updated server against itself: is it deterministic?
     assert after["meta"]["weight_version"] == "step-2" and after["token_ids"] != before
     fresh = _server(paths, paths["b"], "fresh-b", PORT + 1)
     with fresh:
-        on_b = _rollout(fresh.base, prompt)
+        on_b = _rollout(fresh.base, prompt, top_logprobs=2)
     assert len(set(on_b["token_ids"])) >= MIN_DISTINCT, on_b
-    assert after["token_ids"] == on_b["token_ids"]
-    _record("weight_update", {"in_flight_finished_on_old": len(streams), "tokens_equal_fresh_server": True,
-                              "bad_updates_refused": 2})
+    ref, got = C.run_from_rollouts([on_b]), C.run_from_rollouts([after])
+    _record("weight_update", {"in_flight_finished_on_old": len(streams), "bad_updates_refused": 2,
+                              "tokens_equal_fresh_server": after["token_ids"] == on_b["token_ids"],
+                              "repeat_equal": again["token_ids"] == after["token_ids"] and again["logprobs"] == after["logprobs"],
+                              "vs_fresh": C.summary(ref, got), "fresh": ref.to_json(), "updated": got.to_json()})
+    # The same weights on another server: tokens equal up to a near-tie, logprobs within what bf16
+    # explains (a weight or landmark left from weights A moves every position by far more).
+    C.assert_agree(ref, got, "updated server vs a fresh server on the new weights")

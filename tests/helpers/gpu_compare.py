@@ -66,6 +66,15 @@ def run_from_outputs(outs: Sequence[dict]) -> Run:
     return Run(tokens, lps, gaps if len(gaps) == len(tokens) else [])
 
 
+def run_from_rollouts(outs: Sequence[dict]) -> Run:
+    """A ``Run`` from ``/rollout`` results (``logprobs`` and, when asked with ``top_logprobs`` >= 2,
+    ``top_logprobs`` as ``[[logprob, token], ...]`` per position)."""
+    tops = [o.get("top_logprobs") for o in outs]
+    gaps = [[_gap(t) for t in top] for top in tops if top]
+    return Run([list(o["token_ids"]) for o in outs], [[float(x) for x in o["logprobs"]] for o in outs],
+               gaps if len(gaps) == len(outs) else [])
+
+
 @dataclass(frozen=True)
 class RequestAgreement:
     first_divergence: int       # = length when the tokens never diverge
