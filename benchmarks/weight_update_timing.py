@@ -245,7 +245,7 @@ def host_facts() -> dict:
     return {"gpus": sh("nvidia-smi", "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"),
             "topology": sh("nvidia-smi", "topo", "-m"), "tmp_filesystem": sh("df", "-hT", tempfile.gettempdir()),
             "torch": torch.__version__, "nccl": str(torch.cuda.nccl.version()), "sglang": sglang_version,
-            "nccl_env": NCCL_ENV, "trainer_gpu": TRAINER_GPU, "server_gpu": SERVER_GPU}
+            "nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}, "trainer_gpu": TRAINER_GPU, "server_gpu": SERVER_GPU}
 
 
 def summarize(path: str, seconds: list[float], nbytes_: int, requests: int, bucket_bytes: int | None, **extra) -> dict:
@@ -355,8 +355,17 @@ def run(out: Path, reps: int, report: dict, work: Path) -> None:
         server.stop()
 
 
-def main(out: Path, reps: int, deadline_s: float) -> int:
-    os.environ.update(NCCL_ENV)  # the server inherits it (Server copies os.environ)
+def nccl_env(p2p: bool) -> dict:
+    """fleet_2gpu's NCCL settings; with ``p2p``, NCCL's defaults for peer-to-peer and cuMem (NVLink
+    between the two processes' cards) instead of host shared memory, NVLink multicast still off."""
+    drop = ("NCCL_P2P_DISABLE", "NCCL_CUMEM_ENABLE") if p2p else ()
+    return {k: v for k, v in NCCL_ENV.items() if k not in drop}
+
+
+def main(out: Path, reps: int, deadline_s: float, p2p: bool = False) -> int:
+    for k in ("NCCL_P2P_DISABLE", "NCCL_CUMEM_ENABLE"):
+        os.environ.pop(k, None)
+    os.environ.update(nccl_env(p2p))  # the server inherits it (Server copies os.environ)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="weight-timing-"))
     report: dict = {"command": " ".join(sys.argv), "model": SIZE, "seed": SEED, "reps": reps, "paths": {},
@@ -402,6 +411,8 @@ if __name__ == "__main__":
     ap.add_argument("out", type=Path, nargs="?", help="output directory")
     ap.add_argument("--reps", type=int, default=3, help="updates per path")
     ap.add_argument("--deadline-s", type=float, default=420, help="give up (exit 3, partial JSON) after this long")
+    ap.add_argument("--nccl-p2p", action="store_true",
+                    help="NCCL's default P2P/cuMem transport between trainer and server (default: host shared memory)")
     ap.add_argument("--tensor-worker", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.tensor_worker:
@@ -410,7 +421,7 @@ if __name__ == "__main__":
     if a.out is None:
         ap.error("OUT is required")
     try:
-        rc = main(a.out, a.reps, a.deadline_s)
+        rc = main(a.out, a.reps, a.deadline_s, a.nccl_p2p)
     except Exception:
         traceback.print_exc()
         rc = 1
