@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -51,6 +53,7 @@ def run_parts(fleet: Fleet, parts: tuple[str, ...], report: dict) -> list[str]:
     failed = []
     for name in parts:
         rec = report.setdefault(name, {})
+        report["running"] = name
         t0 = time.monotonic()
         print(f"--- part {name}", flush=True)
         try:
@@ -62,10 +65,44 @@ def run_parts(fleet: Fleet, parts: tuple[str, ...], report: dict) -> list[str]:
             failed.append(name)
         rec["part_s"] = round(time.monotonic() - t0, 1)
         print(f"--- part {name}: {'ok' if rec['ok'] else 'FAILED'} in {rec['part_s']} s", flush=True)
+    report.pop("running", None)
     return failed
 
 
-def main(out: Path, parts: tuple[str, ...], engine: str, small: bool) -> int:
+def write_report(out: Path, parts: tuple[str, ...], report: dict) -> Path:
+    path = out / f"fleet_2gpu_{'_'.join(parts)}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    return path
+
+
+def start_watchdog(deadline_s: float, out: Path, parts: tuple[str, ...], report: dict, fleet_box: list) -> threading.Event:
+    """Past ``deadline_s``, write the report as it stands, SIGKILL the servers and exit 3: a part stuck
+    (an NCCL broadcast nobody receives, say) must not take the report with it when the device call's
+    own time limit kills this process. Set the returned event to call it off."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(deadline_s):
+            return
+        report.update(ok=False, deadline_exceeded_s=deadline_s)
+        for _ in range(3):  # the parts may be changing the report right now
+            try:
+                write_report(out, parts, report)
+                break
+            except RuntimeError:
+                time.sleep(0.1)
+        print(f"--- deadline of {deadline_s} s passed during part {report.get('running')}: report written, exiting",
+              flush=True)
+        for server in (fleet_box[0].servers if fleet_box else []):
+            if server.proc is not None:
+                os.killpg(server.proc.pid, signal.SIGKILL)
+        os._exit(3)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return done
+
+
+def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s: float) -> int:
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise SystemExit(f"--parts: unknown {sorted(unknown)} (known: {', '.join(PARTS)})")
@@ -74,18 +111,21 @@ def main(out: Path, parts: tuple[str, ...], engine: str, small: bool) -> int:
     out.mkdir(parents=True, exist_ok=True)
     sizes = SMALL_SIZES if small else GPU_SIZES
     report: dict = {"engine": engine, "sizes": vars(sizes), "parts": list(parts)}
-    failed, fleet = list(parts), None
+    failed, fleet, fleet_box = list(parts), None, []
     t0 = time.monotonic()
+    watchdog = start_watchdog(deadline_s, out, parts, report, fleet_box)
     try:
         fleet = Fleet.create(engine, sizes, out, Path(tempfile.mkdtemp(prefix="fleet2gpu-")))
+        fleet_box.append(fleet)
         report["servers"] = [s.base for s in fleet.servers]
         report["startup_s"] = fleet.start_all()
         failed = run_parts(fleet, parts, report)
     finally:
         if fleet is not None:
             fleet.stop_all()
+        watchdog.set()
         report.update(ok=not failed, failed=failed, total_s=round(time.monotonic() - t0, 1))
-        (out / f"fleet_2gpu_{'_'.join(parts)}.json").write_text(json.dumps(report, indent=1))
+        write_report(out, parts, report)
         print(json.dumps(report, indent=1, default=str, cls=_Brief))
     return 1 if failed else 0
 
@@ -114,5 +154,7 @@ if __name__ == "__main__":
     ap.add_argument("--engine", default="sglang", choices=("sglang", "reference"),
                     help="sglang: one server per GPU; reference: CPU servers (router and kill parts only)")
     ap.add_argument("--small", action="store_true", help="few short requests (default with --engine reference)")
+    ap.add_argument("--deadline-s", type=float, default=330.0,
+                    help="write the report and exit 3 after this many seconds (the device call's limit is ~6 min)")
     a = ap.parse_args()
-    sys.exit(main(a.out, tuple(a.parts.split(",")), a.engine, a.small or a.engine == "reference"))
+    sys.exit(main(a.out, tuple(a.parts.split(",")), a.engine, a.small or a.engine == "reference", a.deadline_s))
