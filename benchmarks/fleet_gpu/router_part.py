@@ -30,7 +30,24 @@ def direct_answers(fleet: Fleet, ps: list[list[int]]) -> dict[tuple[int, str], l
     return dict(zip(pairs, tokens))
 
 
-def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int], direct: dict, rec: dict) -> None:
+def diagnose(fleet: Fleet, ps: list[list[int]], differing: list[dict], limit: int = 6) -> list[dict]:
+    """For answers unequal to server 0's ``/rollout``: where they part, and whether the same request
+    sent alone to each server again gives the router's answer (then batch composition, not routing,
+    made the difference) or server 0's first one."""
+    rows = []
+    for o in differing[:limit]:
+        if o["status"] != 200:
+            continue
+        again = [rollout(s.base, ps[o["prompt"]], o["schedule"], fleet.sizes.new_tokens)["token_ids"] for s in fleet.servers]
+        first = next((k for k, (a, b) in enumerate(zip(o["output_ids"], o["direct"])) if a != b), None)
+        rows.append({"rid": o["rid"], "schedule": o["schedule"], "first_differing_token": first,
+                     "alone_equal_router_answer": [a == o["output_ids"] for a in again],
+                     "alone_equal_first_direct": [a == o["direct"] for a in again]})
+    return rows
+
+
+def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int], direct: dict, rec: dict,
+                       ps: list[list[int]]) -> None:
     sizes = fleet.sizes
     n = len(outcomes)
     statuses = Counter(str(o["status"]) for o in outcomes)
@@ -40,12 +57,15 @@ def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int]
     rec.update({
         "statuses": dict(statuses), "completed": sum(complete(o, sizes) for o in outcomes),
         "per_worker_generate_requests": per_worker, "equal_to_direct_rollout": sum(same),
-        "differing": [{"rid": o["rid"], "schedule": o["schedule"], "prompt": o["prompt"]}
+        "differing": [{"rid": o["rid"], "schedule": o["schedule"], "prompt": o["prompt"], "status": o["status"]}
                       for o, ok in zip(outcomes, same) if not ok][:20],
         "schedule_reported": len(reported),
         "schedule_reported_wrong": sum(o["ran_schedule"] != o["schedule"] for o in reported),
         "per_schedule": dict(Counter(o["schedule"] for o in outcomes)),
     })
+    differing = [{**o, "direct": direct[(o["prompt"], o["schedule"])]} for o, ok in zip(outcomes, same) if not ok]
+    if differing:
+        rec["differing_diagnosis"] = diagnose(fleet, ps, differing)
     assert len(rids) == n and all(complete(o, sizes) for o in outcomes), f"not every request completed: {dict(statuses)}"
     assert sum(per_worker) == n, f"workers logged {per_worker} POST /generate for {n} requests"
     assert all(k > 0 for k in per_worker), f"a worker served nothing: {per_worker}"
@@ -77,5 +97,5 @@ def run(fleet: Fleet, rec: dict) -> None:
     one.update(load_summary(alone, wall, sizes))
     one["equal_to_direct_rollout"] = sum(complete(o, sizes) and o["output_ids"] == direct[(o["prompt"], o["schedule"])]
                                          for o in alone)
-    check_exactly_once(fleet, outcomes, per_worker, direct, two)
+    check_exactly_once(fleet, outcomes, per_worker, direct, two, ps)
     assert one["completed"] == len(alone), f"one worker: {one['completed']} of {len(alone)} completed"
