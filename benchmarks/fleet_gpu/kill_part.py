@@ -48,6 +48,8 @@ class Chaos(threading.Thread):
         self.events["dropped_after_s"] = round(time.monotonic() - t0, 2)
         self.events["finished_when_dropped"] = len(self.finished)
         self.events["restart_to_healthy_s"] = round(self.fleet.restart(VICTIM, f"server-{VICTIM}-restart.log"), 1)
+        # SGLang's own warm-up /generate is in the log by now: count only what the router sends after it
+        self.events["restarted_log_offset"] = self.fleet.servers[VICTIM].log_offset()
         self.router.wait_healthy([victim.base], REJOIN_TIMEOUT_S)
         self.events["rejoined_after_s"] = round(time.monotonic() - t0, 2)
         self.events["finished_when_rejoined"] = len(self.finished)
@@ -87,7 +89,8 @@ def run(fleet: Fleet, rec: dict) -> None:
         rec["generate_lines_during_load"] = {
             "worker0": generate_lines(fleet.servers[0].log_path, offsets[0]),
             "victim_before_kill": generate_lines(old_victim.log_path, offsets[VICTIM]),
-            "victim_restarted": generate_lines(restarted.log_path) if restarted is not old_victim else 0}
+            "victim_restarted": (generate_lines(restarted.log_path, chaos.events.get("restarted_log_offset", 0))
+                                 if restarted is not old_victim else 0)}
         # more lines than answers: a request ran to the end twice (its first answer lost on the way)
         rec["generate_lines_minus_succeeded"] = sum(rec["generate_lines_during_load"].values()) - rec["outcomes"]["succeeded"]
         if chaos.error is not None or chaos.is_alive():
