@@ -3,7 +3,7 @@ reference-engine servers behind the real sglang-router (``--engine reference``, 
 GPU run's logic (exactly-once counting from the access logs, comparison with direct ``/rollout``,
 SIGKILL of a worker's process group, restart, rejoin) is checked before it costs device time.
 
-~70 s on the 2-core development machine (two server starts, one restart, ~40 requests each way).
+50-70 s on the 2-core development machine (two server starts, one restart, ~40 requests each way).
 The ``nccl`` part needs two GPUs: here only its import and the script's ``--help``.
 """
 from __future__ import annotations
