@@ -98,9 +98,7 @@ def equal_counts(runs: dict) -> dict:
 def idle_update(fleet: Fleet, trainer: Trainer, weights_b: Path, rec: dict) -> None:
     reply, seconds, count = trainer.send(weights_b, "nccl-step-1")
     rec.update(tensors=count, update_s=round(seconds, 3), reply=reply)
-    assert reply.get("success"), reply
     disk = post(fleet.servers[1].base, "/update_weights_from_disk", {"model_path": str(weights_b), "weight_version": "disk-step-1"})
-    assert disk.get("success"), disk
     checksums = [post(s.base, "/weights_checker", {"action": "checksum"}) for s in fleet.servers]
     runs = compare(fleet, reps=2)
     rec.update({
@@ -111,6 +109,8 @@ def idle_update(fleet: Fleet, trainer: Trainer, weights_b: Path, rec: dict) -> N
                                        for k in (f"{w}-{s}" for w in ("nccl", "disk") for s in (SPARSE, DENSE))},
         "rollouts_equal_to_disk_update": equal_counts(runs), "rollouts": COMPARE_PROMPTS,
         "distinct_tokens": [len(set(r["token_ids"])) for r in runs[f"disk-{SPARSE}-0"]]})
+    assert reply.get("success"), reply
+    assert disk.get("success"), disk
     assert rec["weights_checksum_equal"], "the NCCL update left other weights than the disk one"
     assert all(v == COMPARE_PROMPTS for v in rec["rollouts_equal_to_disk_update"].values()), \
         "NCCL-updated server differs from the disk-updated one"
@@ -144,11 +144,13 @@ def stream(base: str, prompt: list[int], new_tokens: int, progress: list) -> dic
             "weight_version": (meta or {}).get("weight_version"), "finish_reason": (meta or {}).get("finish_reason")}
 
 
-def update_under_streams(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: dict) -> None:
+def stream_through_update(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: dict) -> tuple[dict, list[dict]]:
+    """Start the streams, pause once each has a token, update over NCCL, continue; the update's reply
+    and each stream's result (all its tokens)."""
     sizes, base = fleet.sizes, fleet.servers[0].base
     ps = prompts(sizes.streams, sizes.prompt_len, seed=11)
     progress = [[0] for _ in ps]
-    rec.update(streams=sizes.streams, stream_new_tokens=sizes.stream_new_tokens, pause_mode=PAUSE_MODE)
+    reply: dict = {}
     with ThreadPoolExecutor(sizes.streams) as pool:
         futures = [pool.submit(stream, base, p, sizes.stream_new_tokens, prog) for p, prog in zip(ps, progress)]
         deadline = time.monotonic() + 120
@@ -167,18 +169,24 @@ def update_under_streams(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: d
         results = [f.result() for f in futures]
     rec["stream_results"] = [{k: v for k, v in r.items() if k != "token_ids"} for r in results]
     rec["stream_tokens"] = [r.get("token_ids") for r in results]
-    in_flight = sum(0 < n < sizes.stream_new_tokens for n in rec["tokens_at_pause"])
-    rec["in_flight_at_pause"] = in_flight
+    return reply, results
+
+
+def update_under_streams(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: dict) -> None:
+    sizes = fleet.sizes
+    rec.update(streams=sizes.streams, stream_new_tokens=sizes.stream_new_tokens, pause_mode=PAUSE_MODE)
+    reply, results = stream_through_update(fleet, trainer, weights_c, rec)
+    rec["in_flight_at_pause"] = sum(0 < n < sizes.stream_new_tokens for n in rec["tokens_at_pause"])
+    # compared before any assertion, so that the report has it whatever else failed
+    disk = post(fleet.servers[1].base, "/update_weights_from_disk", {"model_path": str(weights_c), "weight_version": "disk-step-2"})
+    runs = compare(fleet)
+    rec.update(versions=[runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"], runs[f"disk-{SPARSE}-0"][0]["meta"]["weight_version"]],
+               rollouts_equal_to_disk_update=equal_counts(runs), rollouts=COMPARE_PROMPTS, disk_reply=disk)
     assert reply.get("success"), reply
     assert all(r["status"] == 200 and r["tokens"] == sizes.stream_new_tokens and not r["errors"] for r in results), \
         rec["stream_results"]
-    assert in_flight > 0, f"no stream was mid-flight at the pause: {rec['tokens_at_pause']}"
-
-    disk = post(fleet.servers[1].base, "/update_weights_from_disk", {"model_path": str(weights_c), "weight_version": "disk-step-2"})
+    assert rec["in_flight_at_pause"] > 0, f"no stream was mid-flight at the pause: {rec['tokens_at_pause']}"
     assert disk.get("success"), disk
-    runs = compare(fleet)
-    rec.update(versions=[runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"], runs[f"disk-{SPARSE}-0"][0]["meta"]["weight_version"]],
-               rollouts_equal_to_disk_update=equal_counts(runs), rollouts=COMPARE_PROMPTS)
     assert all(v == COMPARE_PROMPTS for v in rec["rollouts_equal_to_disk_update"].values()), \
         "after the update under streams, server 0 differs from the disk-updated server 1"
     assert rec["versions"][0] == "nccl-step-2", rec["versions"]
@@ -190,5 +198,15 @@ def run(fleet: Fleet, rec: dict) -> None:
     weights_b = S.write_tiny_checkpoint(fleet.tmp / "weights-b", seed=1, lm_head_std=0.5, attn_scale=2.0)
     weights_c = S.write_tiny_checkpoint(fleet.tmp / "weights-c", seed=2, lm_head_std=0.5, attn_scale=2.0)
     trainer = Trainer(fleet.servers[0].base)
-    idle_update(fleet, trainer, weights_b, rec.setdefault("idle", {}))
-    update_under_streams(fleet, trainer, weights_c, rec.setdefault("under_streams", {}))
+    failed = []
+    # the update under streams runs even if the idle one's comparison failed: it is a check of its own
+    for name, step in (("idle", lambda r: idle_update(fleet, trainer, weights_b, r)),
+                       ("under_streams", lambda r: update_under_streams(fleet, trainer, weights_c, r))):
+        sub = rec.setdefault(name, {})
+        try:
+            step(sub)
+            sub["ok"] = True
+        except Exception as exc:
+            sub.update(ok=False, error=f"{type(exc).__name__}: {exc}"[:4000])
+            failed.append(f"{name}: {sub['error'][:300]}")
+    assert not failed, "; ".join(failed)
