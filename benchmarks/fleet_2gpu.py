@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -114,8 +115,9 @@ def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s
     failed, fleet, fleet_box = list(parts), None, []
     t0 = time.monotonic()
     watchdog = start_watchdog(deadline_s, out, parts, report, fleet_box)
+    tmp = Path(tempfile.mkdtemp(prefix="fleet2gpu-"))  # checkpoints (~70 MB each) and state dirs
     try:
-        fleet = Fleet.create(engine, sizes, out, Path(tempfile.mkdtemp(prefix="fleet2gpu-")))
+        fleet = Fleet.create(engine, sizes, out, tmp)
         fleet_box.append(fleet)
         report["servers"] = [s.base for s in fleet.servers]
         report["startup_s"] = fleet.start_all()
@@ -123,6 +125,7 @@ def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s
     finally:
         if fleet is not None:
             fleet.stop_all()
+        shutil.rmtree(tmp, ignore_errors=True)
         watchdog.set()
         report.update(ok=not failed, failed=failed, total_s=round(time.monotonic() - t0, 1))
         write_report(out, parts, report)
