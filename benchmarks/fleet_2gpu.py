@@ -41,12 +41,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 from fleet_gpu import kill_part, nccl_part, router_part  # noqa: E402
-from fleet_gpu.common import GPU_SIZES, SMALL_SIZES, Fleet  # noqa: E402
+from fleet_gpu.common import GPU_SIZES, NCCL_ENV, SMALL_SIZES, Fleet  # noqa: E402
 
 PARTS = {"router": router_part.run, "kill": kill_part.run, "nccl": nccl_part.run}
-# NCCL between the servers' processes and the trainer's on these VMs: no cuMem / P2P IPC (the first
-# try failed with "unhandled cuda error"); host shared memory works. NVLink multicast stays off (KINDS.md).
-NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
 
 
 def run_parts(fleet: Fleet, parts: tuple[str, ...], report: dict) -> list[str]:

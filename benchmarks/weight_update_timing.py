@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import httpx  # noqa: E402
 
 import sglang_server as S  # noqa: E402
-from fleet_2gpu import AUTH, KEY, NCCL_ENV, post  # noqa: E402
+from fleet_gpu.common import AUTH, KEY, NCCL_ENV, post  # noqa: E402
 from weight_tensors import buckets, digest, make_tensors, nbytes, param_shapes, save_checkpoint  # noqa: E402
 
 SIZE = "qwen3-1.7b"

@@ -24,6 +24,9 @@ from sparrow_server.client.types import SparrowError
 
 KEY = "fleet-2gpu-admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+# NCCL between the servers' processes and the trainer's on these VMs: no cuMem / P2P IPC (the first
+# try failed with "unhandled cuda error"); host shared memory works. NVLink multicast stays off (KINDS.md).
+NCCL_ENV = {"NCCL_CUMEM_ENABLE": "0", "NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
 SPARSE = "qwen3-1.7b-0.86"  # a shipped preset: 512 tokens of KV below 2000 tokens of length
 DENSE = "dense"
 
@@ -160,9 +163,10 @@ def sampling(new_tokens: int) -> dict:
     return {"max_new_tokens": new_tokens, "temperature": 0.0, "ignore_eos": True}
 
 
-def rollout(base: str, prompt: list[int], schedule: str, new_tokens: int) -> dict:
+def rollout(base: str, prompt: list[int], schedule: str, new_tokens: int, top_logprobs: int = 0) -> dict:
     """One greedy ``/rollout`` straight to a server."""
-    body = {"input_ids": prompt, "schedule": schedule, "sampling_params": sampling(new_tokens)}
+    body = {"input_ids": prompt, "schedule": schedule, "sampling_params": sampling(new_tokens),
+            "top_logprobs": top_logprobs}
     r = httpx.post(base + "/rollout", json=body, timeout=600)
     r.raise_for_status()
     return r.json()

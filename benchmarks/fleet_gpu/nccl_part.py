@@ -85,13 +85,33 @@ def _in_thread(call) -> tuple[dict, threading.Thread]:
 def compare(fleet: Fleet, reps: int = 1) -> dict:
     """Greedy rollouts of both servers (sparse and dense), ``reps`` passes; tokens keyed server-schedule-pass."""
     ps = prompts(COMPARE_PROMPTS, COMPARE_LEN)
-    runs = {f"{where}-{sched}-{rep}": [rollout(fleet.servers[i].base, p, sched, fleet.sizes.new_tokens) for p in ps]
+    runs = {f"{where}-{sched}-{rep}": [rollout(fleet.servers[i].base, p, sched, fleet.sizes.new_tokens, top_logprobs=2)
+                                        for p in ps]
             for rep in range(reps) for sched in (SPARSE, DENSE) for i, where in enumerate(("nccl", "disk"))}
     return runs
 
 
 def equal_counts(runs: dict) -> dict:
     return {sched: sum(a["token_ids"] == b["token_ids"] for a, b in zip(runs[f"nccl-{sched}-0"], runs[f"disk-{sched}-0"]))
+            for sched in (SPARSE, DENSE)}
+
+
+def divergence(a: dict, b: dict) -> dict | None:
+    """Where two greedy rollouts part: the position, the top-2 logprob gap of each there (a near-tie,
+    under a nat, is what rounding can flip; a wide gap is a different computation) and the largest
+    |logprob difference| before it. ``None`` when the tokens are equal."""
+    ta, tb = a["token_ids"], b["token_ids"]
+    first = next((i for i in range(min(len(ta), len(tb))) if ta[i] != tb[i]), None)
+    if first is None:
+        return None
+    gap = lambda r: (lambda top: round(top[0][0] - top[1][0], 4) if len(top) >= 2 else None)(r["top_logprobs"][first])
+    before = [abs(x - y) for x, y in zip(a["logprobs"][:first], b["logprobs"][:first])]
+    return {"at": first, "gap_nccl": gap(a), "gap_disk": gap(b), "max_abs_lp_before": round(max(before, default=0.0), 5),
+            "abs_lp_at": round(abs(a["logprobs"][first] - b["logprobs"][first]), 5)}
+
+
+def divergences(runs: dict) -> dict:
+    return {sched: [divergence(a, b) for a, b in zip(runs[f"nccl-{sched}-0"], runs[f"disk-{sched}-0"])]
             for sched in (SPARSE, DENSE)}
 
 
@@ -108,6 +128,7 @@ def idle_update(fleet: Fleet, trainer: Trainer, weights_b: Path, rec: dict) -> N
         "each_server_repeats_itself": {k: [r["token_ids"] for r in runs[f"{k}-0"]] == [r["token_ids"] for r in runs[f"{k}-1"]]
                                        for k in (f"{w}-{s}" for w in ("nccl", "disk") for s in (SPARSE, DENSE))},
         "rollouts_equal_to_disk_update": equal_counts(runs), "rollouts": COMPARE_PROMPTS,
+        "divergences": divergences(runs),
         "distinct_tokens": [len(set(r["token_ids"])) for r in runs[f"disk-{SPARSE}-0"]]})
     assert reply.get("success"), reply
     assert disk.get("success"), disk
@@ -181,7 +202,8 @@ def update_under_streams(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: d
     disk = post(fleet.servers[1].base, "/update_weights_from_disk", {"model_path": str(weights_c), "weight_version": "disk-step-2"})
     runs = compare(fleet)
     rec.update(versions=[runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"], runs[f"disk-{SPARSE}-0"][0]["meta"]["weight_version"]],
-               rollouts_equal_to_disk_update=equal_counts(runs), rollouts=COMPARE_PROMPTS, disk_reply=disk)
+               rollouts_equal_to_disk_update=equal_counts(runs), rollouts=COMPARE_PROMPTS, disk_reply=disk,
+               divergences=divergences(runs))
     assert reply.get("success"), reply
     assert all(r["status"] == 200 and r["tokens"] == sizes.stream_new_tokens and not r["errors"] for r in results), \
         rec["stream_results"]
