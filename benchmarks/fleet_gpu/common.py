@@ -21,6 +21,7 @@ import sglang_server as S
 from fleet_router import RouterSettings, free_port
 from sparrow_server.client import RetryPolicy, SparrowClient
 from sparrow_server.client.types import SparrowError
+from sparrow_server.stats.greedy_agreement import run_from_outputs
 
 KEY = "fleet-2gpu-admin-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -228,14 +229,16 @@ def send_all(url: str, requests: list[Request], ps: list[list[int]], sizes: Size
     client = SparrowClient(url, timeout=sizes.client_timeout_s, retry=RetryPolicy(retries=0))
 
     def one(req: Request) -> dict:
-        payload = {"input_ids": ps[req.prompt], "rid": req.rid, "sampling_params": sampling(sizes.new_tokens)}
+        # logprobs and the top two: an answer is compared with the tolerance bf16 explains (greedy_agreement)
+        payload = {"input_ids": ps[req.prompt], "rid": req.rid, "sampling_params": sampling(sizes.new_tokens),
+                   "return_logprob": True, "top_logprobs_num": 2}
         t0 = time.monotonic()
         outcome = {"rid": req.rid, "schedule": req.schedule, "prompt": req.prompt}
         try:
             answer = client.generate(payload, schedule=req.schedule)
             meta = answer.get("meta_info") or {}
             outcome.update(status=200, output_ids=answer.get("output_ids"), id=meta.get("id"),
-                           ran_schedule=(meta.get("sparrow") or {}).get("schedule"))
+                           ran_schedule=(meta.get("sparrow") or {}).get("schedule"), run=run_from_outputs([answer]))
         except SparrowError as exc:
             outcome.update(status=exc.status, error=str(exc.body if exc.body is not None else exc)[:500])
         except httpx.TimeoutException as exc:

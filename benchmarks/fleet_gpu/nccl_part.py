@@ -1,8 +1,10 @@
 """``nccl`` part (GPU only): SGLang's NCCL weight path from a stand-in trainer (this process, GPU 1)
 to server 0, checked against server 1 updated from disk with the same weights.
 
-1. Idle update A -> B: per-engine weight checksums equal, greedy rollouts (sparse and dense) equal
-   token for token, each server equal to itself on a second pass (non-determinism would show there).
+1. Idle update A -> B: per-engine weight checksums equal (bit-equal weights); greedy rollouts (sparse
+   and dense) agree with the tolerance bf16 explains (``sparrow_server.stats.greedy_agreement``), token
+   equality recorded, each server against itself on a second pass recorded (where it parts from
+   itself, ties and not the update part the two servers; run 1 showed exactly that).
 2. Update B -> C while sparse rollouts stream on server 0, the way slime does it:
    ``pause_generation`` -> ``update_weights_from_distributed`` -> ``continue_generation``. Pause mode
    ``retract``: running requests go back to the queue and their KV is recomputed with the new
@@ -11,7 +13,7 @@ to server 0, checked against server 1 updated from disk with the same weights.
    update succeeds, and a flush fails while requests are queued, so the update is sent with
    ``flush_cache: false`` (the radix cache is off: there is no cached prefix to go stale). Every
    stream must end with all its tokens and no error; afterwards server 0 (``nccl-step-2``) and
-   server 1 (C from disk) answer the same greedy rollouts, sparse and dense.
+   server 1 (C from disk) agree on the same greedy rollouts, sparse and dense, as in 1.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import httpx
 
 import sglang_server as S
 from fleet_gpu.common import DENSE, SPARSE, Fleet, post, prompts, rollout, sampling
+from sparrow_server.stats.greedy_agreement import agreement_problems, run_from_rollouts
 
 NCCL_PORT = 29611
 PAUSE_MODE = "retract"
@@ -115,6 +118,25 @@ def divergences(runs: dict) -> dict:
             for sched in (SPARSE, DENSE)}
 
 
+def self_divergences(runs: dict) -> dict:
+    """Each server against its own second pass (same requests, one at a time): where it parts from itself."""
+    keys = sorted({k.rsplit("-", 1)[0] for k in runs if k.endswith("-1")})
+    return {k: [divergence(a, b) for a, b in zip(runs[f"{k}-0"], runs[f"{k}-1"])] for k in keys}
+
+
+def tolerance_problems(runs: dict) -> dict:
+    """Per schedule, what breaks the bf16 tolerance (``greedy_agreement``) between the NCCL-updated server
+    and the disk-updated one: a weight or landmark left from the old weights moves every position."""
+    run = lambda key: run_from_rollouts(runs[key])
+    return {sched: agreement_problems(run(f"disk-{sched}-0"), run(f"nccl-{sched}-0"), min_compared=0.0)
+            for sched in (SPARSE, DENSE)}
+
+
+def saved_runs(runs: dict) -> dict:
+    """Every rollout's tokens, logprobs and top-2 gaps, for reading a divergence afterwards."""
+    return {k: run_from_rollouts(v).to_json() for k, v in runs.items()}
+
+
 def idle_update(fleet: Fleet, trainer: Trainer, weights_b: Path, rec: dict) -> None:
     reply, seconds, count = trainer.send(weights_b, "nccl-step-1")
     rec.update(tensors=count, update_s=round(seconds, 3), reply=reply)
@@ -128,13 +150,16 @@ def idle_update(fleet: Fleet, trainer: Trainer, weights_b: Path, rec: dict) -> N
         "each_server_repeats_itself": {k: [r["token_ids"] for r in runs[f"{k}-0"]] == [r["token_ids"] for r in runs[f"{k}-1"]]
                                        for k in (f"{w}-{s}" for w in ("nccl", "disk") for s in (SPARSE, DENSE))},
         "rollouts_equal_to_disk_update": equal_counts(runs), "rollouts": COMPARE_PROMPTS,
-        "divergences": divergences(runs),
+        "divergences": divergences(runs), "self_divergences": self_divergences(runs),
+        "tolerance_problems": tolerance_problems(runs), "runs": saved_runs(runs),
         "distinct_tokens": [len(set(r["token_ids"])) for r in runs[f"disk-{SPARSE}-0"]]})
     assert reply.get("success"), reply
     assert disk.get("success"), disk
     assert rec["weights_checksum_equal"], "the NCCL update left other weights than the disk one"
-    assert all(v == COMPARE_PROMPTS for v in rec["rollouts_equal_to_disk_update"].values()), \
-        "NCCL-updated server differs from the disk-updated one"
+    # Bit-equal weights (the checksums) decode the same up to bf16 ties: run 1 parted at a top-2 gap of
+    # 0.0 with equal logprobs before, and the disk-updated server parted from itself there too. Token
+    # equality is recorded; agreement within the tolerance is the check.
+    assert not any(rec["tolerance_problems"].values()), f"NCCL-updated server disagrees with the disk-updated one: {rec['tolerance_problems']}"
     assert rec["versions"][0] == "nccl-step-1", rec["versions"]
 
 
@@ -203,14 +228,14 @@ def update_under_streams(fleet: Fleet, trainer: Trainer, weights_c: Path, rec: d
     runs = compare(fleet)
     rec.update(versions=[runs[f"nccl-{SPARSE}-0"][0]["meta"]["weight_version"], runs[f"disk-{SPARSE}-0"][0]["meta"]["weight_version"]],
                rollouts_equal_to_disk_update=equal_counts(runs), rollouts=COMPARE_PROMPTS, disk_reply=disk,
-               divergences=divergences(runs))
+               divergences=divergences(runs), tolerance_problems=tolerance_problems(runs), runs=saved_runs(runs))
     assert reply.get("success"), reply
     assert all(r["status"] == 200 and r["tokens"] == sizes.stream_new_tokens and not r["errors"] for r in results), \
         rec["stream_results"]
     assert rec["in_flight_at_pause"] > 0, f"no stream was mid-flight at the pause: {rec['tokens_at_pause']}"
     assert disk.get("success"), disk
-    assert all(v == COMPARE_PROMPTS for v in rec["rollouts_equal_to_disk_update"].values()), \
-        "after the update under streams, server 0 differs from the disk-updated server 1"
+    assert not any(rec["tolerance_problems"].values()), \
+        f"after the update under streams, server 0 disagrees with the disk-updated server 1: {rec['tolerance_problems']}"
     assert rec["versions"][0] == "nccl-step-2", rec["versions"]
 
 

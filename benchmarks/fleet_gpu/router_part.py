@@ -1,5 +1,13 @@
-"""``router`` part: mixed-schedule rollouts through sglang-router, each answered exactly once and equal
-to the same request sent straight to a worker; then latency and tokens/s with one and two workers.
+"""``router`` part: mixed-schedule rollouts through sglang-router, each answered exactly once and in
+agreement with the same request sent straight to a worker; then latency and tokens/s with one and two
+workers.
+
+Agreement is that of ``sparrow_server.stats.greedy_agreement``, not token equality: the first GPU run
+(benchmarks/results/fleet_2gpu/run1) found 142 of 256 answers unequal to the direct ones, and the same
+request sent alone again equal to neither. The tiny model's bf16 logits over 4,096 tokens tie often,
+and a batch of 32 rounds differently from a batch of 16 or of one, so greedy decoding parts at ties.
+A request run with another schedule than it named moves its logprobs by ~0.2 nats median (sparse vs
+dense), which the tolerance refuses.
 
 Exactly once is read from both ends: the client gets one 200 per rid (no client retry), and the two
 workers' access logs hold exactly as many ``POST /generate`` lines as requests were sent (a request
@@ -15,19 +23,39 @@ from concurrent.futures import ThreadPoolExecutor
 from fleet_gpu.common import FLEET_ROUTER, Fleet, complete, generate_lines, load_requests, load_summary, prompts, \
     rollout, send_all
 from fleet_router import running_router
+from sparrow_server.stats.greedy_agreement import Run, agreement, agreement_problems, run_from_rollouts, summary
 
 LOG_SETTLE_S = 1.0  # uvicorn writes the access line as the answer goes out: let the last ones land
 
 
-def direct_answers(fleet: Fleet, ps: list[list[int]]) -> dict[tuple[int, str], list[int]]:
-    """Each (prompt, schedule) pair's greedy tokens from server 0's own ``/rollout``. Server 1 gets a
+MIN_COMPARED = 0.25  # of all positions before a divergence: ties part runs early, not most of them
+
+
+def direct_answers(fleet: Fleet, ps: list[list[int]]) -> dict[tuple[int, str], Run]:
+    """Each (prompt, schedule) pair's greedy run from server 0's own ``/rollout``. Server 1 gets a
     few too, so that both workers are warm (kernels compiled) before anything is timed."""
     sizes, base0, base1 = fleet.sizes, fleet.servers[0].base, fleet.servers[1].base
     pairs = [(p, s) for p in range(len(ps)) for s in sizes.schedules]
+    ask = lambda pair: rollout(base0, ps[pair[0]], pair[1], sizes.new_tokens, top_logprobs=2)
     with ThreadPoolExecutor(min(sizes.concurrency, 16)) as pool:
-        tokens = list(pool.map(lambda ps_: rollout(base0, ps[ps_[0]], ps_[1], sizes.new_tokens)["token_ids"], pairs))
+        runs = [run_from_rollouts([r]) for r in pool.map(ask, pairs)]
         list(pool.map(lambda s: rollout(base1, ps[0], s, sizes.new_tokens), sizes.schedules))
-    return dict(zip(pairs, tokens))
+    return dict(zip(pairs, runs))
+
+
+def agreement_with_direct(fleet: Fleet, outcomes: list[dict], direct: dict) -> tuple[list[list[str]], float]:
+    """Per outcome, what breaks the tolerance against its direct run ([] when it agrees; an incomplete
+    answer is a problem), and the share of all positions compared."""
+    problems, compared, total = [], 0, 0
+    for o in outcomes:
+        if not complete(o, fleet.sizes):
+            problems.append(["incomplete"])
+            continue
+        ref = direct[(o["prompt"], o["schedule"])]
+        problems.append(agreement_problems(ref, o["run"], min_compared=0.0))
+        row = agreement(ref, o["run"])[0]
+        compared, total = compared + row.first_divergence, total + row.length
+    return problems, compared / max(total, 1)
 
 
 def diagnose(fleet: Fleet, ps: list[list[int]], differing: list[dict], limit: int = 6) -> list[dict]:
@@ -39,10 +67,12 @@ def diagnose(fleet: Fleet, ps: list[list[int]], differing: list[dict], limit: in
         if o["status"] != 200:
             continue
         again = [rollout(s.base, ps[o["prompt"]], o["schedule"], fleet.sizes.new_tokens)["token_ids"] for s in fleet.servers]
-        first = next((k for k, (a, b) in enumerate(zip(o["output_ids"], o["direct"])) if a != b), None)
+        direct = o["direct"].tokens[0]
+        first = next((k for k, (a, b) in enumerate(zip(o["output_ids"], direct)) if a != b), None)
         rows.append({"rid": o["rid"], "schedule": o["schedule"], "first_differing_token": first,
+                     "agreement": summary(o["direct"], o["run"]),
                      "alone_equal_router_answer": [a == o["output_ids"] for a in again],
-                     "alone_equal_first_direct": [a == o["direct"] for a in again]})
+                     "alone_equal_first_direct": [a == direct for a in again]})
     return rows
 
 
@@ -52,11 +82,15 @@ def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int]
     n = len(outcomes)
     statuses = Counter(str(o["status"]) for o in outcomes)
     rids = Counter(o["rid"] for o in outcomes)
-    same = [complete(o, sizes) and o["output_ids"] == direct[(o["prompt"], o["schedule"])] for o in outcomes]
+    same = [complete(o, sizes) and o["output_ids"] == direct[(o["prompt"], o["schedule"])].tokens[0] for o in outcomes]
+    problems, compared = agreement_with_direct(fleet, outcomes, direct)
     reported = [o for o in outcomes if o.get("ran_schedule") is not None]
     rec.update({
         "statuses": dict(statuses), "completed": sum(complete(o, sizes) for o in outcomes),
         "per_worker_generate_requests": per_worker, "equal_to_direct_rollout": sum(same),
+        "agree_with_direct_rollout": sum(not p for p in problems), "positions_compared": round(compared, 4),
+        "disagreeing": [{"rid": o["rid"], "schedule": o["schedule"], "problems": p}
+                        for o, p in zip(outcomes, problems) if p][:20],
         "differing": [{"rid": o["rid"], "schedule": o["schedule"], "prompt": o["prompt"], "status": o["status"]}
                       for o, ok in zip(outcomes, same) if not ok][:20],
         "schedule_reported": len(reported),
@@ -70,7 +104,9 @@ def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int]
     assert sum(per_worker) == n, f"workers logged {per_worker} POST /generate for {n} requests"
     assert all(k > 0 for k in per_worker), f"a worker served nothing: {per_worker}"
     assert rec["schedule_reported_wrong"] == 0, "a request ran with another schedule than it named"
-    assert all(same), f"{n - sum(same)} router answers differ from the worker's own /rollout"
+    bad = sum(bool(p) for p in problems)
+    assert not bad, f"{bad} router answers disagree with the worker's own /rollout beyond bf16 rounding"
+    assert compared >= MIN_COMPARED, f"only {compared:.2f} of the positions precede a divergence"
 
 
 def run(fleet: Fleet, rec: dict) -> None:
@@ -95,7 +131,9 @@ def run(fleet: Fleet, rec: dict) -> None:
     with running_router([fleet.servers[0].base], fleet.out, FLEET_ROUTER) as router:
         alone, wall = send_all(router.url, load_requests(sizes, "one"), ps, sizes)
     one.update(load_summary(alone, wall, sizes))
-    one["equal_to_direct_rollout"] = sum(complete(o, sizes) and o["output_ids"] == direct[(o["prompt"], o["schedule"])]
+    one["equal_to_direct_rollout"] = sum(complete(o, sizes) and o["output_ids"] == direct[(o["prompt"], o["schedule"])].tokens[0]
                                          for o in alone)
+    one_problems, one["positions_compared"] = agreement_with_direct(fleet, alone, direct)
+    one["agree_with_direct_rollout"] = sum(not p for p in one_problems)
     check_exactly_once(fleet, outcomes, per_worker, direct, two, ps)
     assert one["completed"] == len(alone), f"one worker: {one['completed']} of {len(alone)} completed"
