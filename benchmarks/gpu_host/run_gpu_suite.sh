@@ -18,12 +18,21 @@
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
 set -uo pipefail
-PART="${1:?part: all, 1, 2 or breaks}"
+PART="${1:?part: all, 1, 2, breaks or digest}"
 R="${R:-$PWD}"; OUT="${OUT:-/tmp/gpu-suite-out}"; SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"
 W="/tmp/gpu-suite-$PART${BREAK_GPUS:+-gpu${BREAK_GPUS//,/}}"
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 log() { echo "[suite $PART +$(( $(date +%s) - T0 ))s] $*"; }
+
+# The code a run tested: a device call copies the working tree, but its .git may be an older one, so
+# the commit there can be stale. The digest of the tracked code files is the same here and there:
+# `bash benchmarks/gpu_host/run_gpu_suite.sh digest` at a commit prints what a run at that commit wrote.
+code_digest() {
+  find sparrow_server tests benchmarks -type f \( -name '*.py' -o -name '*.sh' -o -name '*.json' \) \
+    -not -path '*/results/*' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+}
+if [ "$PART" = digest ]; then code_digest; exit 0; fi
 
 if [ -f "$R/.kit/install.sh" ]; then
   eval "$(cd "$R" && SITE="$SITE" bash .kit/install.sh 2>>"$OUT/install.log")"
@@ -34,7 +43,7 @@ export PYTHONPATH=$PWD:$SP:$SITE${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 NGPU=$(nvidia-smi -L | wc -l)
 log "$NGPU GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
-git rev-parse HEAD > "$W/code_state.txt" 2>/dev/null || echo "no git here" > "$W/code_state.txt"
+echo "code digest $(code_digest) (run_gpu_suite.sh digest)" | tee "$W/code_state.txt" > "$OUT/code_state.txt"
 
 module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its files under $W/NAME
   local gpus=$1 name=$2
@@ -45,6 +54,7 @@ module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its fi
   local rc=$?
   echo "$name (GPU $gpus, rc $rc, $(( $(date +%s) - T0 )) s into part $PART): $(tail -n 1 "$W/$name/pytest.log")" \
     >> "$W/summary.txt"
+  tail -n 1 "$W/summary.txt" >> "$OUT/gpu_suite_progress.txt"  # kept if the call is cut short
   log "done $name rc=$rc: $(tail -n 1 "$W/$name/pytest.log")"
 }
 
