@@ -26,11 +26,13 @@ T0=$(date +%s)
 log() { echo "[suite $PART +$(( $(date +%s) - T0 ))s] $*"; }
 
 # The code a run tested: a device call copies the working tree, but its .git may be an older one, so
-# the commit there can be stale. The digest of the tracked code files is the same here and there:
+# the commit there can be stale. The digest of the code the suite runs (the product, the tests, this
+# folder and the server launcher) is the same here and there:
 # `bash benchmarks/gpu_host/run_gpu_suite.sh digest` at a commit prints what a run at that commit wrote.
 code_digest() {
-  find sparrow_server tests benchmarks -type f \( -name '*.py' -o -name '*.sh' -o -name '*.json' \) \
-    -not -path '*/results/*' -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
+  find sparrow_server tests benchmarks/gpu_host benchmarks/sglang_server.py -type f \
+    \( -name '*.py' -o -name '*.sh' -o -name '*.json' \) -not -path '*/__pycache__/*' \
+    | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
 }
 if [ "$PART" = digest ]; then code_digest; exit 0; fi
 
