@@ -94,3 +94,18 @@ def test_tensors_are_seeded_and_the_checkpoint_reads_back(tmp_path):
     assert json.loads((tmp_path / "config.json").read_text())["hidden_size"] == 64
     single = W.save_checkpoint(a, TINY, tmp_path / "one")
     assert single["files"] == ["model.safetensors"] and not (tmp_path / "one/model.safetensors.index.json").exists()
+
+
+def test_checks_of_the_committed_run_and_of_a_path_that_did_not_replace_the_weights():
+    import copy
+
+    import weight_update_report as R
+
+    report = json.loads((ROOT / "benchmarks/results/weight_update_timing/run2/shm/weight_update_timing.json").read_text())
+    assert R.checks(report) == report["checks"] and all(report["checks"].values())
+    stale = copy.deepcopy(report)
+    stale["paths"]["tensor"]["after"]["checksum"] = stale["resets"]["reset_before_tensor"]["checksum"]
+    assert R.checks(stale)["tensor_checksum_equals_nccl"] is False
+    missing = copy.deepcopy(report)
+    del missing["paths"]["disk"]
+    assert R.checks(missing)["all_three_paths_ran"] is False
