@@ -154,3 +154,30 @@ def test_plan_region_bound_covers_flashinfer_decode_plan_arrays(padded):
     assert plan_region_bytes(info) >= used
     with pytest.raises(ValueError):
         plan_region_bytes([-1] + info[1:])
+
+
+def test_the_gpu_case_plans_one_request_dense_on_layers_2_to_4_only(tmp_path):
+    """The GPU test's case (``helpers.dense_layers_case``), planned as its server would: the odd schedule
+    loads from the schedule dir the schedulers read, and in the mixed batch it makes layers 2-4 (not 5)
+    dense by budget for request ``ODD_AT`` alone, which decodes sparsely at those lengths under the base."""
+    from helpers import dense_layers_case as D
+
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+
+    odd, base = D.odd_schedule(), ScheduleRegistry().get(D.BASE)
+    assert ScheduleRegistry.load(D.write_schedule_dir(tmp_path)).get(D.ODD) == odd
+    assert (odd.budgets_tokens, odd.sink_pages, odd.recent_pages) == (base.budgets_tokens, base.sink_pages,
+                                                                        base.recent_pages)
+    server_sparse = tuple(layer for layer in range(D.NUM_LAYERS) if layer not in dense_schedule().dense_layers)
+    ids, names = D.queries()["mixed"]
+    assert names.count(D.ODD) == 1 and names[D.ODD_AT] == D.ODD
+    schedules = [odd if n == D.ODD else base for n in names]
+    for step in (1, D.NEW):
+        lengths = [len(p) + step for p in ids]
+        plan = plan_step(schedules, np.asarray(lengths), np.asarray([len(p) for p in ids]), 8, PS, 256)
+        assert (plan.count < plan.n_pages).all(), "every request must decode sparsely under the base preset"
+        groups = group_layers([extra_dense_layers(s, server_sparse) for s in schedules], plan.count < plan.n_pages,
+                              server_sparse)
+        assert [groups.group_of(layer) for layer in server_sparse] == [1, 1, 1, 0]
+        assert np.flatnonzero(groups.dense[1]).tolist() == [D.ODD_AT]
+    assert len({len(p) for p in ids}) == len(ids)

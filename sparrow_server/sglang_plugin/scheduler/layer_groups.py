@@ -68,6 +68,8 @@ def group_layers(extra: Sequence[frozenset[int]], sparse_now: np.ndarray, layers
     masks = [np.zeros(sparse_now.shape[0], dtype=bool)]
     index: dict[bytes, int] = {masks[0].tobytes(): 0}
     group_of_layer = np.zeros(len(layers), dtype=np.int32)
+    if not any(e for e, s in zip(extra, sparse_now) if s):  # the usual step: one group, no per-layer work
+        return LayerGroups(tuple(layers), group_of_layer, np.stack(masks))
     for i, layer in enumerate(layers):
         mask = sparse_now & np.fromiter((layer in e for e in extra), dtype=bool, count=len(extra))
         key = mask.tobytes()
