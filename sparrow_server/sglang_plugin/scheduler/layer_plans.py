@@ -63,8 +63,8 @@ def _views(buf: torch.Tensor, layout, bs: int, rows: int) -> tuple[dict, torch.T
 class EagerLayerPlans:
     """Without CUDA graphs: one wrapper per group (made on first use), each planned per step."""
 
-    def __init__(self, workspace: torch.Tensor, layers: tuple[int, ...], num_kv_heads: int):
-        self.workspace, self.layers, self.num_kv_heads = workspace, layers, num_kv_heads
+    def __init__(self, workspace: torch.Tensor, layers: tuple[int, ...], num_kv_heads: int, device: str = "cuda"):
+        self.workspace, self.layers, self.num_kv_heads, self.device = workspace, layers, num_kv_heads, device
         self.wrappers: list[BatchDecodeWithPagedKVCacheWrapper] = []
 
     def _wrapper(self, g: int) -> BatchDecodeWithPagedKVCacheWrapper:
@@ -76,9 +76,9 @@ class EagerLayerPlans:
         """(layer id -> LayerDecode, indices buffer) of one eager step."""
         rows, layout = bs * self.num_kv_heads, packed_layout(bs, self.num_kv_heads)
         stride, n_layers = layout["_total"][1], len(self.layers)
-        meta = torch.empty(n_layers + len(plans) * stride, dtype=torch.int32, device="cuda")
+        meta = torch.empty(n_layers + len(plans) * stride, dtype=torch.int32, device=self.device)
         meta.copy_(torch.from_numpy(_meta_host(plans, groups, layout)), non_blocking=True)
-        indices = torch.empty(max(max(p.total_pages for p in plans), 1), dtype=torch.int32, device="cuda")
+        indices = torch.empty(max(max(p.total_pages for p in plans), 1), dtype=torch.int32, device=self.device)
         per_group = []
         for g, p in enumerate(plans):
             fields, row_indptr, _ = _views(meta[n_layers + g * stride:], layout, bs, rows)
@@ -100,21 +100,22 @@ class _Captured:
 class GraphLayerPlans:
     """Under CUDA graphs: per-layer buffers read by the captured graphs, filled per step."""
 
-    def __init__(self, layers: tuple[int, ...], max_bs: int, num_kv_heads: int, pcap: int):
-        self.layers, self.num_kv_heads = layers, num_kv_heads
+    def __init__(self, layers: tuple[int, ...], max_bs: int, num_kv_heads: int, pcap: int, device: str = "cuda"):
+        self.layers, self.num_kv_heads, self.device = layers, num_kv_heads, torch.device(device)
+        dev = self.device
         n_layers = len(layers)
         self.layout = packed_layout(max_bs, num_kv_heads)
         self.stride = self.layout["_total"][1]
         self.max_groups = n_layers + 1
-        self.meta = torch.zeros(n_layers + self.max_groups * self.stride, dtype=torch.int32, device="cuda")
+        self.meta = torch.zeros(n_layers + self.max_groups * self.stride, dtype=torch.int32, device=dev)
         self.group_of_layer = self.meta[:n_layers]
         self.groups = self.meta[n_layers:].view(self.max_groups, self.stride)
-        self.layer_meta = torch.zeros(n_layers, self.stride, dtype=torch.int32, device="cuda")
+        self.layer_meta = torch.zeros(n_layers, self.stride, dtype=torch.int32, device=dev)
         self.ws_bytes = workspace_bytes(max_bs * num_kv_heads)
-        self.slot_ws = torch.zeros(self.max_groups, self.ws_bytes, dtype=torch.uint8, device="cuda")
-        self.layer_ws = torch.zeros(n_layers, self.ws_bytes, dtype=torch.uint8, device="cuda")
+        self.slot_ws = torch.zeros(self.max_groups, self.ws_bytes, dtype=torch.uint8, device=dev)
+        self.layer_ws = torch.zeros(n_layers, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.slot_pinned: list[torch.Tensor] = []
-        self.indices = torch.zeros(max_bs * num_kv_heads * pcap, dtype=torch.int32, device="cuda")
+        self.indices = torch.zeros(max_bs * num_kv_heads * pcap, dtype=torch.int32, device=dev)
         self.captured: dict[int, _Captured] = {}
 
     def capture(self, bs: int, workspace: torch.Tensor, plan: StepPlan, plan_args, plan_kwargs) -> None:
@@ -137,7 +138,8 @@ class GraphLayerPlans:
 
     def _slot(self, cap: _Captured, g: int) -> BatchDecodeWithPagedKVCacheWrapper:
         while len(self.slot_pinned) <= g:
-            self.slot_pinned.append(torch.zeros(self.ws_bytes, dtype=torch.uint8, pin_memory=True))
+            self.slot_pinned.append(torch.zeros(self.ws_bytes, dtype=torch.uint8,
+                                                pin_memory=self.device.type == "cuda"))
         while len(cap.slots) <= g:
             view = copy.copy(cap.wrapper)
             view._int_workspace_buffer = self.slot_ws[len(cap.slots)]
