@@ -53,9 +53,9 @@ class PluginConfig:
         return max(1, self.topk_cap_tokens // PAGE_SIZE)
 
     def server_dense_layers(self) -> tuple[int, ...]:
-        """Layers the backend runs dense for every request: the default schedule's, fixed when the
-        schedulers start (the backend allocates landmarks for the others). The HTTP process reads the
-        same set from the same settings to refuse schedules that need more."""
+        """Layers the backend runs dense for every request (the stock path): the default schedule's, fixed
+        when the schedulers start (the backend allocates landmarks for the others, where a request's
+        schedule may keep more layers dense). The HTTP process reads the same set from the same settings."""
         return ScheduleRegistry.load(persist_dir=self.schedule_dir).get(self.default_schedule).dense_layers
 
     @classmethod
