@@ -7,6 +7,7 @@ plan are untouched, and CUDA-graph padding rows never start a group.
 from __future__ import annotations
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -181,3 +182,36 @@ def test_the_gpu_case_plans_one_request_dense_on_layers_2_to_4_only(tmp_path):
         assert [groups.group_of(layer) for layer in server_sparse] == [1, 1, 1, 0]
         assert np.flatnonzero(groups.dense[1]).tolist() == [D.ODD_AT]
     assert len({len(p) for p in ids}) == len(ids)
+
+
+def test_the_decode_ceiling_schedule_keeps_no_layer_dense_and_reaches_the_sparse_server(tmp_path):
+    """``benchmarks/schedules/qwen3-1.7b-0.86-no-dense-layers.json``: the 0.86 preset's budgets with no
+    dense layer, acceptance unmeasured (no threshold), no preset; served by the throughput benchmark as
+    its servers' default through a schedule dir, where the plug-in's settings find it and every layer
+    of the backend runs sparse; the roofline counts every layer sparse."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    import sglang_throughput as T
+
+    from sparrow_server.cost.model_shape import MODEL_PRESETS
+    from sparrow_server.cost.roofline import roofline_bytes
+    from sparrow_server.sglang_plugin.config import PluginConfig
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+    from sparrow_server.sparsity.schedule import load_schedule
+
+    path = root / "benchmarks/schedules/qwen3-1.7b-0.86-no-dense-layers.json"
+    ceiling, preset = load_schedule(path), ScheduleRegistry().get("qwen3-1.7b-0.86")
+    assert ceiling.name == path.stem and ceiling.dense_layers == () and ceiling.threshold is None
+    assert ceiling.budgets_tokens == preset.budgets_tokens and not ScheduleRegistry().is_builtin(ceiling.name)
+    args = types.SimpleNamespace(schedule_file=str(path), schedule_suffix="0.86")
+    assert T.schedule_for("qwen3-1.7b", args) == ceiling
+    assert T.schedule_for("qwen3-1.7b", types.SimpleNamespace(schedule_file=None, schedule_suffix="0.86")) == preset
+    env = T.schedule_env(ceiling, tmp_path / "schedules")
+    config = PluginConfig.from_env(env)
+    assert config.default_schedule == ceiling.name and config.server_dense_layers() == ()
+    assert "SPARROW_SCHEDULE_DIR" not in T.schedule_env(preset, tmp_path / "unused")
+    model = MODEL_PRESETS["qwen3-1.7b"]
+    assert roofline_bytes(model, ceiling, 32768, batch=16).ratio > roofline_bytes(model, preset, 32768, batch=16).ratio
