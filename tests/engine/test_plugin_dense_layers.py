@@ -215,3 +215,16 @@ def test_the_decode_ceiling_schedule_keeps_no_layer_dense_and_reaches_the_sparse
     assert "SPARROW_SCHEDULE_DIR" not in T.schedule_env(preset, tmp_path / "unused")
     model = MODEL_PRESETS["qwen3-1.7b"]
     assert roofline_bytes(model, ceiling, 32768, batch=16).ratio > roofline_bytes(model, preset, 32768, batch=16).ratio
+
+
+def test_side_table_slots_keep_their_schedule():
+    """The backend caches each schedule slot's extra dense layers: a slot never changes schedule."""
+    from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable
+
+    table = ScheduleTable(6, default=_schedule("base"))
+    odd = _schedule("odd", (0, 1, 4))
+    table.assign(2, odd, 10)
+    slot = int(table.schedule_slot[2])
+    table.assign(3, _schedule("other", (0, 1, 5)), 10)
+    table.assign(2, _schedule("base"), 10)
+    assert table.schedule_in(slot) == odd and table.schedule_of(2) == table.schedule_in(int(table.schedule_slot[2]))

@@ -111,7 +111,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                 for layer in range(first, first + n_layers) if layer not in dense
             }
         self.sparse_layers = tuple(sorted(self.landmarks))
-        self._extra: dict = {}  # schedule -> the sparse layers it keeps dense
+        self._extra: dict[int, frozenset] = {}  # schedule slot -> the sparse layers its schedule keeps dense
         self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads)
         self.graph_plans: GraphLayerPlans | None = None
         self.step: _Step | None = None
@@ -180,8 +180,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         schedules = [self.table.schedule_of(int(r)) for r in rows]
         plan = plan_step(schedules, lengths, self.table.prompt_len[rows], self.num_kv_heads, self.page_size,
                          self.topk_cap)
-        groups = group_layers([self._extra_dense(s) for s in schedules], plan.count < plan.n_pages,
-                              self.sparse_layers)
+        groups = group_layers(self._extra_dense(rows), plan.count < plan.n_pages, self.sparse_layers)
         plans = group_plans(plan, groups)
         if not in_capture:
             self.table.record_step(rows, plan.budget_tokens)
@@ -203,11 +202,15 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
         self.step = _Step(plan, plans, groups, layers, indices, scores, rows, lengths, real_bs)
 
-    def _extra_dense(self, schedule) -> frozenset:
-        extra = self._extra.get(schedule)
-        if extra is None:
-            extra = self._extra[schedule] = extra_dense_layers(schedule, self.sparse_layers)
-        return extra
+    def _extra_dense(self, rows: np.ndarray) -> list[frozenset]:
+        """Each request's extra dense layers, cached by schedule slot (a slot keeps its schedule)."""
+        out = []
+        for slot in self.table.schedule_slot[rows].tolist():
+            extra = self._extra.get(slot)
+            if extra is None:
+                extra = self._extra[slot] = extra_dense_layers(self.table.schedule_in(slot), self.sparse_layers)
+            out.append(extra)
+        return out
 
     # ---- layers -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):

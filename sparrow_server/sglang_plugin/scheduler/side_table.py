@@ -76,6 +76,10 @@ class ScheduleTable:
     def schedule_of(self, row: int) -> Schedule:
         return self._schedules[int(self.schedule_slot[row])]
 
+    def schedule_in(self, slot: int) -> Schedule:
+        """The schedule of a slot (``schedule_slot`` values); a slot never changes schedule."""
+        return self._schedules[slot]
+
     def record_step(self, rows: np.ndarray, budget_tokens: np.ndarray) -> None:
         """Accumulate one decode step's attended tokens per row (padding row 0 included, harmless)."""
         np.add.at(self.budget_token_sum, rows, budget_tokens)
