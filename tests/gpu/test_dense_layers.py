@@ -5,9 +5,10 @@ request's outputs.
 Tiny random Qwen3 (6 layers, ``attn_scale`` 2: outputs depend on the pages attended), served with the
 ``sparrow`` backend and the default ``dense`` schedule (layers 0-1 on the stock path, 2-5 sparse).
 The case (``tests/helpers/dense_layers_case.py``): four 1.5K-token prompts under the 512-token preset;
-in the mixed batch request 1 asks for the preset with layers 2-4 dense as well. Every comparison is
-of greedy tokens and logprobs with the bf16 tolerance (``tests/helpers/gpu_compare.py``). Results go to
-``$OUT/dense_layers_tokens.json``.
+in the mixed batch request 1 asks for the preset with layers 2-4 dense as well. A third server, whose
+default is that schedule (layers 0-4 on the stock dense path), is the reference for what the request
+must get. Every comparison is of greedy tokens and logprobs with the bf16 tolerance
+(``tests/helpers/gpu_compare.py``). Results go to ``$OUT/dense_layers_tokens.json``.
 """
 from __future__ import annotations
 
@@ -49,14 +50,14 @@ def model(tmp):
     return S.write_tiny_checkpoint(tmp / "tiny-qwen3", seed=0, lm_head_std=0.5, attn_scale=ATTN_SCALE)
 
 
-def _serve(tmp, model, name, args) -> dict[str, C.Run]:
+def _serve(tmp, model, name, args, default="dense", only=None) -> dict[str, C.Run]:
     import sglang_server as S
 
-    env = {"SPARROW_DEFAULT_SCHEDULE": "dense", "SPARROW_SCHEDULE_DIR": str(D.write_schedule_dir(tmp / "schedules"))}
+    env = {"SPARROW_DEFAULT_SCHEDULE": default, "SPARROW_SCHEDULE_DIR": str(D.write_schedule_dir(tmp / "schedules"))}
     with S.Server(model, COMMON + args, _out(tmp) / f"server-{name}.log", port=PORT, env=env) as srv:
         res = {key: C.run_from_outputs(S.generate(srv.base, ids, D.NEW, schedule=sched, return_logprob=True,
                                                    top_logprobs_num=2))
-               for key, (ids, sched) in D.queries().items()}
+               for key, (ids, sched) in D.queries().items() if only is None or key in only}
     out = _out(tmp) / "dense_layers_tokens.json"
     saved = json.loads(out.read_text()) if out.exists() else {}
     out.write_text(json.dumps(saved | {name: {k: v.to_json() for k, v in res.items()}}))
@@ -73,12 +74,25 @@ def eager(tmp, model):
     return _serve(tmp, model, "eager", ["--disable-cuda-graph"])
 
 
+@pytest.fixture(scope="module")
+def reference(tmp, model):
+    """The odd schedule as the server's default: layers 0-4 on the stock dense path, layer 5 sparse."""
+    return _serve(tmp, model, "reference", [], default=D.ODD, only=("odd_alone", "odd"))
+
+
 def test_the_odd_schedule_changes_the_requests_outputs(graph):
     """The test could fail: the request's dense layers move its outputs beyond the tolerance, and the
     outputs are informative."""
     assert not C.informative_problems(graph["base"], min_distinct_total=20, min_distinct_per_request=4)
     assert C.agreement_problems(graph["base"].select([D.ODD_AT]), graph["odd_alone"]), \
         "layers 2-4 dense decode like sparse: nothing to test"
+
+
+def test_dense_by_budget_equals_the_stock_dense_layers(graph, reference):
+    """What the request gets on the default server (layers 2-4 dense by budget) is what a server whose
+    default keeps them dense (the stock path) gives it."""
+    for key in ("odd_alone", "odd"):
+        C.assert_agree(reference[key], graph[key], f"{key}: dense by budget vs the stock dense layers")
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
