@@ -65,11 +65,11 @@ def group_layers(extra: Sequence[frozenset[int]], sparse_now: np.ndarray, layers
     sparse_now = np.asarray(sparse_now, dtype=bool)
     if len(extra) != sparse_now.shape[0]:
         raise ValueError(f"{len(extra)} requests' dense layers for {sparse_now.shape[0]} requests")
+    group_of_layer = np.zeros(len(layers), dtype=np.int32)
+    if not any(e for e, s in zip(extra, sparse_now.tolist()) if s):  # the usual step: one group, no per-layer work
+        return LayerGroups(tuple(layers), group_of_layer, np.zeros((1, sparse_now.shape[0]), dtype=bool))
     masks = [np.zeros(sparse_now.shape[0], dtype=bool)]
     index: dict[bytes, int] = {masks[0].tobytes(): 0}
-    group_of_layer = np.zeros(len(layers), dtype=np.int32)
-    if not any(e for e, s in zip(extra, sparse_now) if s):  # the usual step: one group, no per-layer work
-        return LayerGroups(tuple(layers), group_of_layer, np.stack(masks))
     for i, layer in enumerate(layers):
         mask = sparse_now & np.fromiter((layer in e for e in extra), dtype=bool, count=len(extra))
         key = mask.tobytes()
@@ -100,11 +100,15 @@ def densify(plan: StepPlan, dense: np.ndarray) -> StepPlan:
 
 def group_plans(plan: StepPlan, groups: LayerGroups) -> list[StepPlan]:
     """One ``StepPlan`` per group: group 0 is ``plan`` itself."""
+    if groups.num_groups == 1:
+        return [plan]
     return [densify(plan, mask) for mask in groups.dense]
 
 
 def pack_groups(plans: Sequence[StepPlan], layout: dict[str, tuple[int, int]]) -> np.ndarray:
     """The groups' packed plans back to back, each ``layout["_total"][1]`` int32 long."""
+    if len(plans) == 1:
+        return pack(plans[0], layout)
     return np.concatenate([pack(p, layout) for p in plans])
 
 
