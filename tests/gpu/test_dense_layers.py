@@ -30,7 +30,7 @@ ATTN_SCALE = 2.0
 COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-tokens", "65536", "--cuda-graph-max-bs", "8",
           "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8",
           "--attention-backend", "sparrow"]
-PORT = 31500 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))  # beside the other modules of a suite part
+PORT = 31600 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))  # beside the other modules of a suite part
 OTHERS = [i for i in range(4) if i != D.ODD_AT]
 
 
