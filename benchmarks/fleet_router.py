@@ -37,6 +37,10 @@ class RouterSettings:
     health_failure_threshold: int = 1
     health_success_threshold: int = 1
     retry_max_retries: int = 3
+    # the router's own defaults; a fleet whose dead worker takes seconds to drop out of the rotation
+    # spreads its retries over longer (benchmarks/fleet_gpu/common.py)
+    retry_initial_backoff_ms: int = 50
+    retry_backoff_multiplier: float = 1.5
     # off, as deploy/ runs the router (docs/fleet.md): it counts 4xx answers and requests cut by a kill
     # as failures, and once open it keeps a healthy, restarted worker out of the rotation for 60 s
     circuit_breaker: bool = False
@@ -126,6 +130,8 @@ def router_command(worker_urls: list[str], port: int, metrics_port: int, setting
         "--health-failure-threshold", str(settings.health_failure_threshold),
         "--health-success-threshold", str(settings.health_success_threshold),
         "--retry-max-retries", str(settings.retry_max_retries),
+        "--retry-initial-backoff-ms", str(settings.retry_initial_backoff_ms),
+        "--retry-backoff-multiplier", str(settings.retry_backoff_multiplier),
         "--worker-startup-timeout-secs", str(int(settings.startup_timeout_s)),
         "--worker-startup-check-interval", "1",
         "--log-level", "info",

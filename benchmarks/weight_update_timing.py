@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 import httpx  # noqa: E402
 
 import sglang_server as S  # noqa: E402
-from fleet_2gpu import AUTH, KEY, NCCL_ENV, post  # noqa: E402
+from fleet_gpu.common import AUTH, KEY, NCCL_ENV, post  # noqa: E402
 from weight_tensors import buckets, digest, make_tensors, nbytes, param_shapes, save_checkpoint  # noqa: E402
 
 SIZE = "qwen3-1.7b"
@@ -333,10 +333,22 @@ def trainer(base: str, cfg: dict, reps: int, work: Path, report: dict) -> dict:
             "pg": pg, "group": group, "plan": plan}
 
 
-def run(out: Path, reps: int, report: dict, work: Path) -> None:
+def server_placement(all_visible: bool) -> tuple[dict, list[str]]:
+    """(environment, SGLang flags) putting the server on ``SERVER_GPU``: by hiding the other card
+    (``CUDA_VISIBLE_DEVICES``), or with every card visible and ``--base-gpu-id`` (as slime places its
+    engines). NCCL's cuMem P2P transport grants the peer card access to each buffer, which a process
+    that cannot see the peer card cannot do: the placement may decide whether P2P works."""
+    if all_visible:
+        return {}, ["--base-gpu-id", str(SERVER_GPU)]
+    return {"CUDA_VISIBLE_DEVICES": str(SERVER_GPU)}, []
+
+
+def run(out: Path, reps: int, report: dict, work: Path, all_visible: bool = False) -> None:
     cfg = S.qwen3_config(SIZE)
-    server = S.Server(S.write_config(work / "dummy", cfg), ARGS + ["--state-dir", str(work / "state")],
-                      out / "server.log", port=PORT, env={"CUDA_VISIBLE_DEVICES": str(SERVER_GPU)}, sparrow=True)
+    env, placement = server_placement(all_visible)
+    server = S.Server(S.write_config(work / "dummy", cfg), ARGS + placement + ["--state-dir", str(work / "state")],
+                      out / "server.log", port=PORT, env=env, sparrow=True)
+    report["server_placement"] = {"env": env, "args": placement}
     report["host"] = host_facts()
     report["server_args"] = [a if a != KEY else "<key>" for a in ARGS]
     STOP.append(server.stop)
@@ -362,10 +374,13 @@ def nccl_env(p2p: bool) -> dict:
     return {k: v for k, v in NCCL_ENV.items() if k not in drop}
 
 
-def main(out: Path, reps: int, deadline_s: float, p2p: bool = False) -> int:
+def main(out: Path, reps: int, deadline_s: float, p2p: bool = False, legacy_ipc: bool = False,
+         all_visible: bool = False) -> int:
     for k in ("NCCL_P2P_DISABLE", "NCCL_CUMEM_ENABLE"):
         os.environ.pop(k, None)
     os.environ.update(nccl_env(p2p))  # the server inherits it (Server copies os.environ)
+    if legacy_ipc:
+        os.environ["NCCL_CUMEM_ENABLE"] = "0"  # P2P through cudaIpc handles instead of cuMem
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="weight-timing-"))
     report: dict = {"command": " ".join(sys.argv), "model": SIZE, "seed": SEED, "reps": reps, "paths": {},
@@ -387,7 +402,7 @@ def main(out: Path, reps: int, deadline_s: float, p2p: bool = False) -> int:
     watchdog.daemon = True
     watchdog.start()
     try:
-        run(out, reps, report, work)
+        run(out, reps, report, work, all_visible)
     except Exception as e:
         report["error"] = f"{type(e).__name__}: {e}"
         raise
@@ -413,6 +428,9 @@ if __name__ == "__main__":
     ap.add_argument("--deadline-s", type=float, default=420, help="give up (exit 3, partial JSON) after this long")
     ap.add_argument("--nccl-p2p", action="store_true",
                     help="NCCL's default P2P/cuMem transport between trainer and server (default: host shared memory)")
+    ap.add_argument("--nccl-legacy-ipc", action="store_true", help="with --nccl-p2p: NCCL_CUMEM_ENABLE=0")
+    ap.add_argument("--server-sees-all-gpus", action="store_true",
+                    help="place the server with --base-gpu-id instead of CUDA_VISIBLE_DEVICES")
     ap.add_argument("--tensor-worker", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.tensor_worker:
@@ -421,7 +439,7 @@ if __name__ == "__main__":
     if a.out is None:
         ap.error("OUT is required")
     try:
-        rc = main(a.out, a.reps, a.deadline_s, a.nccl_p2p)
+        rc = main(a.out, a.reps, a.deadline_s, a.nccl_p2p, a.nccl_legacy_ipc, a.server_sees_all_gpus)
     except Exception:
         traceback.print_exc()
         rc = 1

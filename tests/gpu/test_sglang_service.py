@@ -15,7 +15,7 @@ The tests run in file order against one server (the last one changes its weights
 - weight update from disk while rollouts stream (issue 8): bad path / other architecture -> 4xx and
   the old weights keep serving; in-flight requests finish on the old version; the first rollout
   after the update agrees with a fresh server started on the new weights (tokens up to a near-tie,
-  logprobs within what bf16 explains: ``tests/helpers/gpu_compare.py``; exact equality is recorded).
+  logprobs within what bf16 explains: ``sparrow_server/stats/greedy_agreement.py``; exact equality is recorded).
 Results go to ``$OUT/service_results.json``.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from helpers import gpu_compare as C  # noqa: E402
+from sparrow_server.stats import greedy_agreement as C  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

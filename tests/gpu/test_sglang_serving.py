@@ -5,7 +5,7 @@ The checkpoint has peaked next-token distributions (untied output layer, std 0.5
 that depends on which pages are read (``attn_scale`` 2): greedy outputs vary and a 512-token budget
 over 1.5K-token prompts moves the chosen tokens' logprobs (``sglang_server.write_tiny_checkpoint``).
 Every comparison is of tokens and logprobs with the tolerance bf16 explains
-(``tests/helpers/gpu_compare.py``), and asserts first that its inputs are informative. Page
+(``sparrow_server/stats/greedy_agreement.py``), and asserts first that its inputs are informative. Page
 selection is checked against the float32 oracle's on the same tokens (eager server with the
 selection debug hook, fp32 landmarks). Each server runs once (module fixtures); tokens, logprobs
 and the agreement figures go to ``$OUT/serving_tokens.json`` (or the temp dir).
@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from helpers import gpu_compare as C  # noqa: E402
+from sparrow_server.stats import greedy_agreement as C  # noqa: E402
 from helpers import gpu_oracle as O  # noqa: E402
 
 pytestmark = pytest.mark.gpu

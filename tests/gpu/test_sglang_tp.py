@@ -4,7 +4,7 @@ and with the ``sparrow`` backend, against ``sparrow`` at TP 1 (skipped with fewe
 Model: the tiny random Qwen3 of ``test_sglang_serving`` with varied, context-dependent outputs
 (8 KV heads, G = 2: 4 KV heads per rank), or, with ``SPARROW_TP_MODEL=qwen3-8b`` (any
 ``sglang_server.QWEN3_SIZES`` key), that architecture on dummy weights (the oracle checks then skip).
-Comparisons are of tokens and logprobs with the tolerance bf16 explains (``tests/helpers/gpu_compare.py``);
+Comparisons are of tokens and logprobs with the tolerance bf16 explains (``sparrow_server/stats/greedy_agreement.py``);
 each rank's page selections are checked against the float32 oracle's. The sparrow servers run with
 fp32 landmarks, so the eager server (debug hook) and the graph servers compute the same thing.
 NVLink multicast stays off (``NCCL_NVLS_ENABLE=0``). Runs, agreement figures and each rank's
@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from helpers import gpu_compare as C  # noqa: E402
+from sparrow_server.stats import greedy_agreement as C  # noqa: E402
 from helpers import gpu_oracle as O  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -1,10 +1,10 @@
-"""The GPU tests' comparison (tests/helpers/gpu_compare.py) on made-up runs: what it accepts and what it
+"""The GPU tests' comparison (sparrow_server/stats/greedy_agreement.py) on made-up runs: what it accepts and what it
 refuses, so a GPU test built on it can fail."""
 from __future__ import annotations
 
 import random
 
-from helpers.gpu_compare import Run, agreement_problems, informative_problems, run_from_outputs, run_from_rollouts
+from sparrow_server.stats.greedy_agreement import Run, agreement_problems, informative_problems, run_from_outputs, run_from_rollouts
 
 
 def _run(seed: int, n_req: int = 4, length: int = 48) -> Run:

@@ -1,4 +1,10 @@
-"""Comparing two greedy runs of the same prompts on the GPU, with the tolerance bf16 explains.
+"""Agreement of two greedy runs of the same prompts, with the tolerance bf16 explains.
+
+Two servers (or one server twice) decoding the same prompts greedily in bf16 need not give the same
+tokens: batch composition, the all-reduce order of tensor parallelism or a weight update's path move
+logits by a rounding step, and where the top two tokens are (nearly) tied greedy decoding parts. This
+module says whether two runs differ only that way; the GPU tests, the fleet benchmark and the weight
+update checks use it.
 
 A run is, per request, the generated tokens, the chosen tokens' logprobs and the gap between the
 best and second-best logprob at each position (``/generate`` with ``return_logprob`` and
