@@ -8,7 +8,7 @@ The case (``tests/helpers/dense_layers_case.py``): four 1.5K-token prompts under
 in the mixed batch request 1 asks for the preset with layers 2-4 dense as well. A third server, whose
 default is that schedule (layers 0-4 on the stock dense path), is the reference for what the request
 must get. Every comparison is of greedy tokens and logprobs with the bf16 tolerance
-(``tests/helpers/gpu_compare.py``). Results go to ``$OUT/dense_layers_tokens.json``.
+(``sparrow_server/stats/greedy_agreement.py``). Results go to ``$OUT/dense_layers_tokens.json``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from helpers import dense_layers_case as D  # noqa: E402
-from helpers import gpu_compare as C  # noqa: E402
+from sparrow_server.stats import greedy_agreement as C  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
