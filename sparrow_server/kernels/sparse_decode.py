@@ -33,8 +33,10 @@ SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, hel
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers 512/2048/4096), whose cost
 # steps up past 2048 candidates (issue 24). ``even``: score programs split each row evenly and
-# top-k tiers step by SELECT_TAILS past 2048. Both select exactly ``select_pages``' pages.
-SELECT_VARIANTS = ("v1", "even")
+# top-k tiers step by SELECT_TAILS past 2048. ``hist``: ``even`` whose register tiers find the k-th
+# key in 4 rounds of 256-bin histograms instead of 16 rounds of 2-bit compares (fewer block-wide
+# reductions in series). All select exactly ``select_pages``' pages.
+SELECT_VARIANTS = ("v1", "even", "hist")
 SELECT_VARIANT = os.environ.get("SPARROW_SELECT_VARIANT", "v1")
 if SELECT_VARIANT not in SELECT_VARIANTS:
     raise ValueError(f"SPARROW_SELECT_VARIANT={SELECT_VARIANT!r}: expected one of {SELECT_VARIANTS}")
@@ -174,7 +176,7 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     _score_kernel[(b, nprog)](
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
         req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1],
-        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant == "even",
+        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1",
         UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8)
     return out
 
@@ -192,7 +194,7 @@ def _ukey(scores_ptr, j, m):
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr):
+                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -217,14 +219,14 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS)
         elif hi - lo <= MEDIUM:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 0, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 0, BITS)
         elif TAILS:
             _topk_past_medium(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK,
-                              TAIL_A, TAIL_B, TAIL_C)
+                              TAIL_A, TAIL_B, TAIL_C, BITS)
         elif hi - lo <= LARGE:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 0, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 0, BITS)
         else:
             _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
 
@@ -232,17 +234,17 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
 @triton.jit
 def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                       LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-                      TAIL_C: tl.constexpr):
+                      TAIL_C: tl.constexpr, BITS: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, 2)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, 2)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, 2)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, 2)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -280,7 +282,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
                        TAIL: tl.constexpr, BITS: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
-    per round (32 / BITS rounds of lanes x 2**BITS compares, one reduction each: few registers)."""
+    per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
+    rounds of a 256-bin histogram of the keys still in the running)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
     if TAIL > 0:
@@ -291,15 +294,41 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     n_gt = tl.zeros([], tl.int32)
     for rnd in tl.static_range(32 // BITS):
         shift = 32 - BITS * (rnd + 1)
-        thr = prefix + ((c + 1) << shift)
-        counts = _count_at_least(key, thr)
-        if TAIL > 0:
-            counts += _count_at_least(key2, thr)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+        if BITS == 8:
+            hist = _bucket_histogram(key, prefix, shift)
+            if TAIL > 0:
+                hist += _bucket_histogram(key2, prefix, shift)
+            prefix, n_gt = _histogram_round(hist, k, n_gt, prefix, shift)
+        else:
+            thr = prefix + ((c + 1) << shift)
+            counts = _count_at_least(key, thr)
+            if TAIL > 0:
+                counts += _count_at_least(key2, thr)
+            prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
     zero = tl.zeros([], tl.int32)
     n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
     if TAIL > 0:
         _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+
+
+@triton.jit
+def _bucket_histogram(key, prefix, shift):
+    """[256] counts of the next 8-bit digit (at ``shift``) of the keys whose higher bits equal
+    ``prefix``'s (all valid keys in the first round, ``shift`` 24)."""
+    live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+    return tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=live)
+
+
+@triton.jit
+def _histogram_round(hist, k, n_gt, prefix, shift):
+    """One 8-bit round: the digit holding the k-th largest key among the live ones (``k - n_gt``-th
+    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket)."""
+    need = k - n_gt
+    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # live keys with digit >= c
+    sel = tl.sum((at_least >= need).to(tl.int32), axis=0) - 1       # falls with c; >= need at c = 0
+    c = tl.arange(0, 256)
+    above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
+    return prefix + (sel.to(tl.int64) << shift), n_gt + above
 
 
 @triton.jit
@@ -336,9 +365,9 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     ``variant``: one of SELECT_VARIANTS (default SELECT_VARIANT).
     """
     rows, pcap = scores.shape
-    tails = _variant(variant) == "even"
+    variant = _variant(variant)
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                             SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                            TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=tails,
-                            num_warps=16)
+                            TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
+                            TAILS=variant != "v1", BITS=8 if variant == "hist" else 2, num_warps=16)
