@@ -28,6 +28,10 @@ from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
 SCORE_PROGRAMS_MAX = 128  # ``even``: most programs per request (one tile each up to 4096 candidates)
 SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
+# ``even``: register cap of the score kernel. Unbounded it takes 94 registers (sm_90, offline
+# compile), so 2 programs of 8 warps fit an SM; v1's takes 80 (3 programs): the cap keeps v1's
+# occupancy (16-byte stack, as v1's) so the two grids compare like for like.
+SCORE_MAXNREG = 80
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
@@ -177,7 +181,8 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
         req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1],
         H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1",
-        UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8)
+        UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8,
+        **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out
 
 
