@@ -186,7 +186,7 @@ def main() -> int:
     copy_tbps = copy_bandwidth_tbps()
     result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": G,
               "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
-              "default_variant": K.SELECT_VARIANT, "cases": []}
+              "default_variant": K.DEFAULT_SELECT_VARIANT, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
     pool = build_pool(a.batch, max(contexts))
     for ctx in contexts:

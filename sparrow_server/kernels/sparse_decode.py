@@ -11,18 +11,18 @@ candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages
   search on order-preserving integer keys, the row held in registers at the smallest tile size
   that fits it, ties to the earlier page, as ``select_pages``)
   and the FlashInfer page ids of sink + top-k + recent pages into the decode wrapper's index buffer.
-Both take ``variant`` (SELECT_VARIANTS; default SELECT_VARIANT, env ``SPARROW_SELECT_VARIANT``):
-how scoring splits a row across programs and which register tiers top-k has. Same pages either way.
+Both take ``variant`` (SELECT_VARIANTS; default DEFAULT_SELECT_VARIANT; the server passes its
+plug-in setting ``SPARROW_SELECT_VARIANT``): how scoring splits a row across programs and which
+register tiers top-k has. Same pages either way.
 Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
-
-import os
 
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
@@ -35,15 +35,11 @@ SCORE_MAXNREG = 80
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
-# ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers 512/2048/4096), whose cost
-# steps up past 2048 candidates (issue 24). ``even``: score programs split each row evenly and
-# top-k tiers step by SELECT_TAILS past 2048. ``hist``: ``even`` whose register tiers find the k-th
-# key in 4 rounds of 256-bin histograms instead of 16 rounds of 2-bit compares (fewer block-wide
-# reductions in series). All select exactly ``select_pages``' pages.
-SELECT_VARIANTS = ("v1", "even", "hist")
-SELECT_VARIANT = os.environ.get("SPARROW_SELECT_VARIANT", "v1")
-if SELECT_VARIANT not in SELECT_VARIANTS:
-    raise ValueError(f"SPARROW_SELECT_VARIANT={SELECT_VARIANT!r}: expected one of {SELECT_VARIANTS}")
+# SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
+# 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``even``: score programs
+# split each row evenly and top-k tiers step by SELECT_TAILS past 2048. ``hist``: ``even`` whose
+# register tiers find the k-th key in 4 rounds of 256-bin histograms instead of 16 rounds of 2-bit
+# compares (fewer block-wide reductions in series). All select exactly ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -150,7 +146,7 @@ def _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pca
 
 
 def _variant(variant: str | None) -> str:
-    variant = SELECT_VARIANT if variant is None else variant
+    variant = DEFAULT_SELECT_VARIANT if variant is None else variant
     if variant not in SELECT_VARIANTS:
         raise ValueError(f"selection variant {variant!r}: expected one of {SELECT_VARIANTS}")
     return variant
@@ -170,7 +166,7 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
 
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
-    each page that slot completes. ``variant``: one of SELECT_VARIANTS (default SELECT_VARIANT).
+    each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     Returns out."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
@@ -367,7 +363,7 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     scores: [rows, Pcap] float32, read on ``[cand_lo, cand_hi)`` only. Each row gets sink pages,
     its ``k`` best candidate pages (ties -> earlier page, as ``select_pages``) in ascending page
     order, then the recent pages. No static top-k width, so any budget up to the sequence fits.
-    ``variant``: one of SELECT_VARIANTS (default SELECT_VARIANT).
+    ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     """
     rows, pcap = scores.shape
     variant = _variant(variant)
