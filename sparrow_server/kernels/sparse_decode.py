@@ -36,10 +36,13 @@ SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores a
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
-# 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``even``: score programs
-# split each row evenly and top-k tiers step by SELECT_TAILS past 2048. ``hist``: ``even`` whose
-# register tiers find the k-th key in 4 rounds of 256-bin histograms instead of 16 rounds of 2-bit
-# compares (fewer block-wide reductions in series). All select exactly ``select_pages``' pages.
+# 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
+# split each row evenly, v1's top-k. ``even``: ``split`` whose top-k tiers step by SELECT_TAILS
+# past 2048 (a second register block: fewer lanes than 4096, but its own block-wide reduction per
+# round, ~2x the barriers of one block in the sm_90 PTX). ``hist``: ``even`` whose register tiers
+# find the k-th key in 4 rounds of 256-bin histograms instead of 16 rounds of 2-bit compares
+# (fewer rounds; Triton's histogram is one shared-memory atomic per key, which contends when keys
+# share their high bits). All select exactly ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -371,4 +374,4 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                             SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                             TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                            TAILS=variant != "v1", BITS=8 if variant == "hist" else 2, num_warps=16)
+                            TAILS=variant in ("even", "hist"), BITS=8 if variant == "hist" else 2, num_warps=16)

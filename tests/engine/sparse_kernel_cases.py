@@ -21,7 +21,7 @@ from sparrow_server.sparsity.schedule import dense_schedule
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
-VARIANTS = ("v1", "even", "hist")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
+VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -165,7 +165,7 @@ def _dyadic(sel):
     return sel
 
 
-@pytest.mark.parametrize("variant", ["v1", "even"])  # "hist" scores as "even" does
+@pytest.mark.parametrize("variant", ["v1", "even"])  # "split" and "hist" score as "even" does
 @pytest.mark.parametrize("candidates,pcap", SCORE_BATCHES)
 def test_split_rows_scored_once_and_selected(K, variant, candidates, pcap):
     """Every candidate of every row scored (= ``reference.page_scores``), nothing else written, and

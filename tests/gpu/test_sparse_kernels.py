@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
-VARIANTS = ("v1", "even", "hist")  # sparse_decode.SELECT_VARIANTS (tests/engine/sparse_kernel_cases.py checks)
+VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (tests/engine/sparse_kernel_cases.py checks)
 
 
 def _rel(a, b):
