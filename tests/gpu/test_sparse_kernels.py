@@ -135,9 +135,10 @@ def test_selection_ties_go_to_the_earlier_page():
     assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
 
 
-def test_decode_scoring_updates_the_completed_page_landmark():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_scoring_updates_the_completed_page_landmark(variant):
     """The decode path's score launch first writes the landmark of the page this step's slot
-    completes; a slot inside a page leaves its landmark alone."""
+    completes (one program of several); a slot inside a page leaves its landmark alone."""
     from sparrow_server.kernels import sparse_decode as K
     from helpers.sparse_case import make_case
 
@@ -147,8 +148,8 @@ def test_decode_scoring_updates_the_completed_page_landmark():
     locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
     R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
     zero = torch.zeros(2, dtype=torch.int32, device="cuda")
-    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 8, device="cuda"),
-                  k_buf=case.k_buf, cache_loc=locs)
+    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 100, device="cuda"),
+                  k_buf=case.k_buf, cache_loc=locs, variant=variant)
     torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
     assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
 
