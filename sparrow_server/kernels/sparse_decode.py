@@ -26,9 +26,9 @@ from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
-SCORE_PROGRAMS_MAX = 128  # ``even``: most programs per request (one tile each up to 4096 candidates)
+SCORE_PROGRAMS_MAX = 128  # split grid (all but v1): most programs per request (one tile each up to 4096 candidates)
 SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
-# ``even``: register cap of the score kernel. Unbounded it takes 94 registers (sm_90, offline
+# Split grid: register cap of the score kernel. Unbounded it takes 94 registers (sm_90, offline
 # compile), so 2 programs of 8 warps fit an SM; v1's takes 80 (3 programs): the cap keeps v1's
 # occupancy (16-byte stack, as v1's) so the two grids compare like for like.
 SCORE_MAXNREG = 80
@@ -108,8 +108,8 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
     p = tl.program_id(1)
     if UPDATE:
         # This step's token completes a page: its landmark, before it can become a candidate
-        # (the partial page is always a recent page, never scored). ``even`` gives it to the last
-        # program, idle unless the row needs every program, so no scoring program runs it first.
+        # (the partial page is always a recent page, never scored). The split grid gives it to the
+        # last program, idle unless the row needs every program, so no scoring program runs it first.
         if EVEN:
             mine = p == NPROG - 1
         else:
@@ -157,8 +157,9 @@ def _variant(variant: str | None) -> str:
 
 
 def score_programs(pcap: int, variant: str | None = None) -> int:
-    """Programs per request of ``page_scores``: static (a server's Pcap), so CUDA-graph safe. ``even``
-    sizes the grid to the longest row the server can hold, so every row gets one tile per program."""
+    """Programs per request of ``page_scores``: static (a server's Pcap), so CUDA-graph safe. The
+    split grid (every variant but v1) is sized to the longest row the server can hold, so every row
+    gets one tile per program."""
     if _variant(variant) == "v1":
         return SCORE_PROGRAMS
     return max(1, min(SCORE_PROGRAMS_MAX, triton.cdiv(pcap, SCORE_BLOCK_P)))
