@@ -99,6 +99,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.table = state.table(self.req_to_token.shape[0])
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
+        self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)
@@ -120,9 +121,9 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                                     heads=self.kv_heads)
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
-                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d", len(self.landmarks),
-                    sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap, self.num_kv_heads,
-                    list(self.kv_heads), self.group)
+                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s",
+                    len(self.landmarks), sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap,
+                    self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
@@ -237,10 +238,10 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
         K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores,
-                      k_buf=k_buf, cache_loc=cache_loc)
+                      k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
         K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
                            f["cand_lo"], f["cand_hi"], decode.row_indptr, self.num_kv_heads, self.page_size,
-                           step.indices)
+                           step.indices, variant=self.select_variant)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
