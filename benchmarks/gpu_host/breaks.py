@@ -28,6 +28,9 @@ TP = "tests/gpu/test_sglang_tp.py"
 BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
+LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
+LAYER_PLANS = "sparrow_server/sglang_plugin/scheduler/layer_plans.py"
+DENSE_LAYERS = "tests/gpu/test_dense_layers.py"
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,15 @@ BREAKS = (
           "(pages keep whatever an earlier request, or the old weights, left)",
           BACKEND, "if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:",
           "if False:", (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("request_dense_layers_ignored", "a request's own dense layers decoded sparsely (the server's only)",
+          LAYER_GROUPS, "return frozenset(schedule.dense_layers) & frozenset(sparse_layers)", "return frozenset()",
+          (f"{DENSE_LAYERS}::test_the_odd_schedule_changes_the_requests_outputs",
+           f"{DENSE_LAYERS}::test_dense_by_budget_equals_the_stock_dense_layers")),
+    Break("layer_plans_all_from_group_0", "under CUDA graphs every sparse layer runs the base group's FlashInfer plan",
+          LAYER_PLANS, "torch.index_select(self.slot_ws[:, :n], 0, self.group_of_layer)",
+          "torch.index_select(self.slot_ws[:, :n], 0, torch.zeros_like(self.group_of_layer))",
+          (f"{DENSE_LAYERS}::test_a_request_gets_its_own_dense_layers_in_a_mixed_batch",
+           f"{DENSE_LAYERS}::test_cuda_graph_on_off_agree")),
     Break("kv_heads_swapped_between_ranks", "each TP rank believes it holds the other rank's KV heads",
           PLANNING, "return tuple(range(rank * n, (rank + 1) * n))",
           "return tuple(range((tp_size - 1 - rank) * n, (tp_size - rank) * n))",
