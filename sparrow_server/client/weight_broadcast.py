@@ -131,15 +131,12 @@ class WeightBroadcaster:
     def open(self) -> dict[str, Any]:
         """POST ``/init_weights_update_group`` to every server while joining as rank 0; their replies."""
         c = self.config
-        if c.backend == "nccl" and c.device is not None:
-            import torch
-
-            torch.cuda.set_device(c.device)
+        self._use_device()
         bodies = {url: {"master_address": c.master_address, "master_port": c.master_port,
                         "rank_offset": 1 + i * c.ranks_per_server, "world_size": self.world_size,
                         "group_name": self.group_name, "backend": c.backend} for i, url in enumerate(self.urls)}
-        join = lambda: open_trainer_group(c.master_address, c.master_port, self.world_size, self.group_name,
-                                          c.backend, c.group_timeout_s)
+        join = lambda: self._use_device() or open_trainer_group(c.master_address, c.master_port, self.world_size,
+                                                                self.group_name, c.backend, c.group_timeout_s)
         replies, group = self._together("init_weights_update_group", "/init_weights_update_group", bodies, join)
         self.group = group
         return replies
@@ -191,6 +188,14 @@ class WeightBroadcaster:
         self.updates += 1
         return replies
 
+    def _use_device(self) -> None:
+        """NCCL binds to the calling thread's current device, and the collectives run on threads of their
+        own (whose current device is cuda:0 until told): set it in each."""
+        if self.config.backend == "nccl" and self.config.device is not None:
+            import torch
+
+            torch.cuda.set_device(self.config.device)
+
     def _prepared(self, tensor: Any) -> Any:
         """Detached and contiguous, on the device the backend sends from."""
         t = tensor.detach()
@@ -202,7 +207,7 @@ class WeightBroadcaster:
 
     def _bucket(self, tensors: dict[str, Any], weight_version: str | None, flush_cache: bool) -> dict[str, Any]:
         body = update_body(self.group_name, tensors, weight_version=weight_version, flush_cache=flush_cache)
-        send = lambda: broadcast_all(self.group, list(tensors.values()))
+        send = lambda: self._use_device() or broadcast_all(self.group, list(tensors.values()))
         replies, _ = self._together("update_weights_from_distributed", "/update_weights_from_distributed",
                                     {url: body for url in self.urls}, send)
         return replies
