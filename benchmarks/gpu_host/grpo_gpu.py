@@ -50,7 +50,7 @@ import httpx  # noqa: E402
 import grpo_report  # noqa: E402
 import smollm2  # noqa: E402
 
-NCCL_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0"}
+NCCL_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
 CALIBRATED = ROOT / "benchmarks" / "results" / "fidelity" / "calibrated_schedule.json"
 MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
 ARMS = ("dense", "calibrated", "aggressive")
@@ -179,6 +179,11 @@ def trainer_cmd(config: RunConfig, arm: str, url: str, index: int) -> list[str]:
             "--sync-backend", backend, "--master-port", str(config.master_port + index), "--sync-initial"]
 
 
+def trainer_pythonpath() -> str:
+    """This checkout first, then the caller's path (on the GPU host: the kit in /tmp/site)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def register(url: str, name: str, body: dict[str, Any] | None) -> None:
     if body is not None:
         httpx.put(f"{url}/schedules/{name}", json=body, timeout=60).raise_for_status()
@@ -213,9 +218,9 @@ def run(config: RunConfig) -> dict[str, Any]:
         print(f"[grpo_gpu +{time.monotonic() - started:.0f}s] servers healthy: {record['server_start_s']}", flush=True)
         for arm, body in schedules(config).items():
             register(urls[arm], schedule_name(arm), body)
-        env = NCCL_ENV if config.gpu else {}
-        trainers = {arm: Proc(trainer_cmd(config, arm, urls[arm], i), config.out / arm / "trainer.log",
-                              {**env, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}) for i, arm in enumerate(ARMS)}
+        env = {**(NCCL_ENV if config.gpu else {}), "PYTHONPATH": trainer_pythonpath(), "PYTHONUNBUFFERED": "1"}
+        trainers = {arm: Proc(trainer_cmd(config, arm, urls[arm], i), config.out / arm / "trainer.log", env)
+                    for i, arm in enumerate(ARMS)}
         record["trainers"] = wait_trainers(trainers, deadline)
     finally:
         for server in servers.values():

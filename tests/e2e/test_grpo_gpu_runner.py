@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def test_missing_model_dir_is_named(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
-def test_trainers_sync_over_nccl_from_gpu0_on_distinct_ports(tmp_path):
+def test_trainers_sync_over_nccl_from_gpu0_on_distinct_ports(tmp_path, monkeypatch):
     config = grpo_gpu.RunConfig(out=tmp_path, model_dir=tmp_path / "m")
     loops = [grpo_loop.parse_args(grpo_gpu.trainer_cmd(config, arm, f"http://127.0.0.1:{9000 + i}", i)[2:])
              for i, arm in enumerate(grpo_gpu.ARMS)]
@@ -42,6 +43,8 @@ def test_trainers_sync_over_nccl_from_gpu0_on_distinct_ports(tmp_path):
     assert len({c.master_port for c in loops}) == 3 and len({c.out_dir for c in loops}) == 3
     assert [c.schedule for c in loops] == ["dense", "grpo-calibrated", "grpo-aggressive"]
     assert {(c.steps, c.seed, c.max_new_tokens) for c in loops} == {(100, 0, 128)}
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")  # the GPU host's kit must stay importable by the trainers
+    assert grpo_gpu.trainer_pythonpath().split(os.pathsep) == [str(ROOT), "/tmp/site"]
     args = grpo_gpu.server_args(config)
     assert args[0] == "--" and args[args.index("--mem-fraction-static") + 1] == "0.2" and "--max-total-tokens" in args
 
