@@ -31,6 +31,9 @@ ALLOWED = {
     # build its side the same way to meet the trainer's.
     ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _new_process_group_helper"),
     ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _world"),
+    # The trainer's side of the same group (rank 0), as SGLang's init_custom_process_group builds it.
+    ("client/trainer_group.py", "from torch.distributed.distributed_c10d import _new_process_group_helper"),
+    ("client/trainer_group.py", "from torch.distributed.distributed_c10d import _world"),
 }
 REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 
