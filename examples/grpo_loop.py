@@ -65,6 +65,7 @@ class LoopConfig:
     prompts_per_step: int = 4
     samples_per_prompt: int = 4
     max_new_tokens: int = 32
+    context_examples: int = 0  # worked additions before each question (long prompts: budgets drop pages)
     temperature: float = 1.0
     lr: float = 1e-6
     tis_cap: float = DEFAULT_TIS_CAP
@@ -172,7 +173,8 @@ class GRPOLoop:
         self.objective = ObjectiveSettings(temperature=config.temperature, tis_cap=config.tis_cap)
         self.schedule = ensure_schedule(config.servers, config.schedule, config.api_key)
         self.sampler = make_sampler(config)
-        self.problems = arithmetic_problems(config.steps * config.prompts_per_step, config.seed)
+        self.problems = arithmetic_problems(config.steps * config.prompts_per_step, config.seed,
+                                            context_examples=config.context_examples)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.adapters = Path(config.adapter_dir) if config.adapter_dir else self.out / "adapters"
@@ -293,6 +295,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
     p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step)
     p.add_argument("--samples-per-prompt", "-n", type=int, default=d.samples_per_prompt)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--context-examples", type=int, default=d.context_examples,
+                   help="worked additions before each question (~14 tokens each): prompts long enough for a budget to bite")
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--tis-cap", type=float, default=d.tis_cap, help="C in min(exp(dense - sparse), C)")
@@ -316,7 +320,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
     return LoopConfig(
         servers=tuple(a.server), via_router=a.via_router, schedule=a.schedule, model=a.model, steps=a.steps,
         prompts_per_step=a.prompts_per_step, samples_per_prompt=a.samples_per_prompt, max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature, lr=a.lr, tis_cap=a.tis_cap, seed=a.seed, out_dir=a.out_dir, threads=a.threads,
+        context_examples=a.context_examples, temperature=a.temperature, lr=a.lr, tis_cap=a.tis_cap, seed=a.seed, out_dir=a.out_dir, threads=a.threads,
         api_key=a.api_key, distill_every=a.distill_every, distill_steps=a.distill_steps, publish=a.publish,
         adapter_dir=a.adapter_dir, sync_initial=a.sync_initial, device=a.device, weight_sync=a.weight_sync,
         sync_backend=a.sync_backend, master_address=a.master_address, master_port=a.master_port,

@@ -9,11 +9,13 @@ its policy's parameters to its own server over NCCL every step). Arms:
 - ``calibrated``: the committed SmolLM2 schedule (``benchmarks/results/fidelity/calibrated_schedule.json``,
   searched on CPU for p5 acceptance >= 0.89 with 64-token bins; there is no GPU-calibrated one: gpu_call16's
   call 4 did not run). Its budgets (64, 128, 192, 192, 256, 256 tokens by total length) keep every page
-  below 192 tokens, so at this task's lengths (prompts of 42-44 tokens + at most ``--max-new-tokens``
-  128 = 172) it keeps everything: it should track dense by construction.
+  below 192 tokens, so on the bare questions (42-44 tokens) it would keep everything. Each question
+  therefore follows ``--context-examples`` 48 worked additions (prompts of 470-488 tokens, SmolLM2's
+  tokenizer): with up to 128 new tokens the sequence is 30-38 pages and the arm keeps 16 of them.
+  Whether the schedule holds its tail at these lengths (it was searched up to 384 tokens) the run's
+  sampled-token acceptance estimate shows.
 - ``aggressive``: a fixed budget of 48 tokens = 3 pages (1 sink + 1 selected + 1 recent; layers 0-1 dense
-  like the calibrated one). A prompt alone is 3 pages, so from the first generated token on each sparse
-  layer keeps 3 of 4..11 pages.
+  like the calibrated one): 3 of 30-38 pages.
 
 Each arm writes ``WORK/<arm>/steps.jsonl`` and ``trainer.log``; at the end ``WORK/grpo_summary.json`` and
 ``WORK/grpo_steps.png`` (``grpo_report.py``). ``--pack OUT`` then copies what a device call brings back (at
@@ -70,6 +72,7 @@ class RunConfig:
     prompts_per_step: int = 4
     samples_per_prompt: int = 8
     max_new_tokens: int = 128
+    context_examples: int = 48  # worked additions before each question: prompts of ~480 tokens
     lr: float = 5e-6
     seed: int = 0
     aggressive_budget: int = 48
@@ -174,7 +177,8 @@ def trainer_cmd(config: RunConfig, arm: str, url: str, index: int) -> list[str]:
     return [sys.executable, str(ROOT / "examples" / "grpo_loop.py"), "--server", url, "--schedule", schedule_name(arm),
             "--model", str(config.model_dir), "--steps", str(config.steps),
             "--prompts-per-step", str(config.prompts_per_step), "--samples-per-prompt", str(config.samples_per_prompt),
-            "--max-new-tokens", str(config.max_new_tokens), "--lr", str(config.lr), "--seed", str(config.seed),
+            "--max-new-tokens", str(config.max_new_tokens), "--context-examples", str(config.context_examples),
+            "--lr", str(config.lr), "--seed", str(config.seed),
             "--out-dir", str(config.out / arm), "--device", device, "--weight-sync", "distributed",
             "--sync-backend", backend, "--master-port", str(config.master_port + index), "--sync-initial"]
 
@@ -241,7 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     p.add_argument("--pack", type=Path, default=None, help="copy the results here in at most 8 files")
     p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
     p.add_argument("--engine", default=d.engine, choices=("sglang", "reference"))
-    for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "seed", "aggressive_budget",
+    for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "context_examples", "seed", "aggressive_budget",
                  "server_gpu", "trainer_gpu", "base_port", "master_port"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     for name in ("lr", "deadline_s", "server_timeout_s"):

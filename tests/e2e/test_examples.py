@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "examples"))
 import grpo_loop  # noqa: E402
 from grpo.fleet_sync import DEMO_SCHEDULE_NAME  # noqa: E402
 from grpo.objective import group_advantages  # noqa: E402
-from grpo.tasks import Problem, exact_match_reward, last_integer  # noqa: E402
+from grpo.tasks import Problem, arithmetic_problems, exact_match_reward, last_integer  # noqa: E402
 
 LR = 1e-2  # large enough that the updated weights are told apart from the initial ones
 
@@ -134,6 +134,19 @@ def test_advantages_and_reward():
     problem = Problem("What is 17+25? Answer with the number.", 42)
     assert exact_match_reward("17 + 25 = 42", problem) == 1.0
     assert exact_match_reward("The answer is 41.", problem) == 0.0 and last_integer("none") is None
+
+
+def test_context_examples_lengthen_the_questions_and_keep_the_answers():
+    bare, long = arithmetic_problems(8, 3), arithmetic_problems(8, 3, context_examples=48)
+    assert [p.answer for p in long] == [p.answer for p in bare]  # same questions, same seed
+    assert all(lp.question.endswith(bp.question) and len(lp.question.splitlines()) == 49 for lp, bp in zip(long, bare))
+    assert len({lp.question.splitlines()[0] for lp in long}) > 1  # each question has its own examples
+    assert arithmetic_problems(8, 3, context_examples=48) == long
+    for line in long[0].question.splitlines()[:-1]:
+        a, b, s = map(int, line.replace("+", " ").replace("=", " ").split())
+        assert a + b == s
+    with pytest.raises(ValueError, match="context_examples = -1"):
+        arithmetic_problems(2, 0, context_examples=-1)
 
 
 def test_config_names_the_bad_field(tmp_path):

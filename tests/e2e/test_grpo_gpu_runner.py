@@ -42,7 +42,7 @@ def test_trainers_sync_over_nccl_from_gpu0_on_distinct_ports(tmp_path, monkeypat
     assert {(c.device, c.weight_sync, c.sync_backend, c.sync_initial) for c in loops} == {("cuda:0", "distributed", "nccl", True)}
     assert len({c.master_port for c in loops}) == 3 and len({c.out_dir for c in loops}) == 3
     assert [c.schedule for c in loops] == ["dense", "grpo-calibrated", "grpo-aggressive"]
-    assert {(c.steps, c.seed, c.max_new_tokens) for c in loops} == {(100, 0, 128)}
+    assert {(c.steps, c.seed, c.max_new_tokens, c.context_examples) for c in loops} == {(100, 0, 128, 48)}
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")  # the GPU host's kit must stay importable by the trainers
     assert grpo_gpu.trainer_pythonpath().split(os.pathsep) == [str(ROOT), "/tmp/site"]
     args = grpo_gpu.server_args(config)
