@@ -118,9 +118,51 @@ def binned_quantiles(
     return out
 
 
+@dataclass(frozen=True)
+class QuantileBracket:
+    """One length bin's quantile of acceptance known only to lie in ``[low, high]``."""
+
+    bin_index: int
+    n_tokens: int
+    low: float  # quantile of the per-token lower bounds; NaN when the bin has no tokens
+    high: float  # quantile of the per-token upper bounds
+
+    @property
+    def mid(self) -> float:
+        """The bracket's midpoint: within ``(high - low) / 2`` of the true quantile."""
+        return (self.low + self.high) / 2
+
+
+def binned_quantile_brackets(
+    lower: np.ndarray,
+    upper: np.ndarray,
+    positions: np.ndarray,
+    bin_tokens: int = DEFAULT_BIN_TOKENS,
+    q: float = DEFAULT_QUANTILE,
+    n_bins: int | None = None,
+) -> list[QuantileBracket]:
+    """Per-bin bracket of the quantile of acceptance from per-token bounds ``lower <= a <= upper``.
+
+    lower, upper, positions: [N]. A quantile is monotone in its values, so the bin's quantile of the
+    (unknown) per-token acceptance lies between the same quantile of the lower and of the upper
+    bounds (numpy's ``linear`` method, as ``binned_quantiles``). Bins as in ``binned_quantiles``.
+    """
+    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if lower.shape != upper.shape:
+        raise ValueError(f"lower {lower.shape} and upper {upper.shape} must have the same shape")
+    if np.any(lower > upper):
+        raise ValueError(f"lower > upper at {int(np.sum(lower > upper))} tokens")
+    lows = binned_quantiles(lower, positions, bin_tokens, q, n_bins, n_boot=0)
+    highs = binned_quantiles(upper, positions, bin_tokens, q, n_bins, n_boot=0)
+    return [QuantileBracket(lo.bin_index, lo.n_tokens, lo.quantile, hi.quantile) for lo, hi in zip(lows, highs)]
+
+
 def _check_quantile(q: float) -> None:
     if not 0 <= q <= 1:
         raise ValueError(f"q = {q!r}: must be in [0, 1]")
 
 
-__all__ = ["BinQuantile", "length_bins", "bootstrap_quantile_ci", "binned_quantiles", "DEFAULT_QUANTILE"]
+__all__ = [
+    "BinQuantile", "QuantileBracket", "length_bins", "bootstrap_quantile_ci", "binned_quantiles",
+    "binned_quantile_brackets", "DEFAULT_QUANTILE",
+]
