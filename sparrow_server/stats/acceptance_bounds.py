@@ -23,7 +23,9 @@ from torch import Tensor
 
 def _check_lists(name: str, ids: Tensor, logprobs: Tensor) -> None:
     if ids.shape != logprobs.shape or ids.dim() != 2:
-        raise ValueError(f"{name}_ids {tuple(ids.shape)} and {name}_logprobs {tuple(logprobs.shape)} must both be [T, K]")
+        raise ValueError(
+            f"{name}_ids {tuple(ids.shape)} and {name}_logprobs {tuple(logprobs.shape)} must both be [T, K]"
+        )
 
 
 def _dtype(*tensors: Tensor) -> torch.dtype:
