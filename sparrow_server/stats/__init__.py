@@ -8,7 +8,7 @@ from sparrow_server.lazy_exports import lazy_getattr
 # Public name -> defining module, imported on first use: the numpy-only modules (``tail``,
 # ``rolling``, ``beta``) and their importers (calibration, the CLI) do not pay for torch.
 _EXPORTS = {
-    "sparrow_server.stats.acceptance": ("exact_acceptance", "logits_to_topk", "sampled_acceptance",
+    "sparrow_server.stats.acceptance": ("compact_logits", "exact_acceptance", "logits_to_topk", "sampled_acceptance",
                                         "topk_acceptance_lower_bound", "topk_acceptance_upper_bound",
                                         "truncated_importance_weights"),
     "sparrow_server.stats.acceptance_bounds": ("residual_sampled_estimate", "sparse_topk_dense_full_bounds",
@@ -22,7 +22,7 @@ __all__ = [name for names in _EXPORTS.values() for name in names]
 
 if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.stats.acceptance import (
-        exact_acceptance, logits_to_topk, sampled_acceptance, topk_acceptance_lower_bound,
+        compact_logits, exact_acceptance, logits_to_topk, sampled_acceptance, topk_acceptance_lower_bound,
         topk_acceptance_upper_bound, truncated_importance_weights,
     )
     from sparrow_server.stats.acceptance_bounds import (

@@ -150,3 +150,16 @@ def test_quantile_brackets_contain_the_quantile_of_any_values_between_the_bounds
     assert [b.low for b in tight] == [b.high for b in tight] == [t.quantile for t in truth]
     with pytest.raises(ValueError, match="lower > upper"):
         binned_quantile_brackets(upper, lower, positions)
+
+
+def test_compact_logits_keep_exact_acceptance_to_the_float16_rounding():
+    from sparrow_server.stats.acceptance import compact_logits
+
+    sparse, dense = _pair(t=64, v=2000, seed=9, noise=1.0)
+    sparse = sparse * 2 + 40.0  # logits far from 0, where float16 of the raw logits would be coarse
+    compact = compact_logits(sparse)
+    assert compact.dtype == torch.float16 and bool((compact.amax(-1) == 0).all())
+    exact = exact_acceptance(sparse, dense)
+    # within 16 nats of the max a float16 step is <= 2^-7, so each probability is off by <= 2^-8 relative
+    assert float((exact_acceptance(compact.double(), dense) - exact).abs().max()) <= 2 ** -8
+    assert float((compact_logits(sparse + 123.0).double() - compact.double()).abs().max()) <= 2 ** -5  # one step
