@@ -4,7 +4,8 @@ Reads ``tail_estimators.py``'s ``<work>/*.npz`` and writes ``tail_estimators.jso
 
 - per (budget, bin): exact p5; per K and design (``2``: two top-K lists; ``f``: sparse top-K vs the
   full dense distribution), the bracket ``[p5(lower), p5(upper)]`` (it contains the exact p5: a quantile
-  is monotone), its midpoint, the p5 of the per-token residual estimate ``cv``, and the p5 of the plain
+  is monotone), its midpoint, the p5 of the per-token midpoints ``(lower + upper) / 2`` and of the
+  per-token residual estimate ``cv``, and the p5 of the plain
   sampled-token ratio ``w``;
 - per (design, K): the largest error of each over all bins, and the bytes per verified token it costs;
 - the exact-on-a-subsample alternative: the 95% spread of a bin's p5 from ``m`` exact tokens.
@@ -63,9 +64,10 @@ def bin_rows(budget: int, cols: dict[str, np.ndarray], bin_tokens: int) -> list[
         for d in DESIGNS:
             brackets = binned_quantile_brackets(cols[f"lo{d}_k{k}"], cols[f"up{d}_k{k}"], pos, bin_tokens, Q)
             cv = p5_by_bin(cols[f"cv{d}_k{k}"], pos, bin_tokens)
-            for row, br, c in zip(rows, brackets, cv):
+            token_mid = p5_by_bin((cols[f"lo{d}_k{k}"] + cols[f"up{d}_k{k}"]) / 2, pos, bin_tokens)
+            for row, br, c, tm in zip(rows, brackets, cv, token_mid):
                 assert br.low <= row["exact_p5"] + 1e-9 and row["exact_p5"] <= br.high + 1e-9, (budget, k, d, br)
-                row[f"{d}_k{k}"] = {"lo_p5": br.low, "up_p5": br.high, "mid": br.mid, "cv_p5": c}
+                row[f"{d}_k{k}"] = {"lo_p5": br.low, "up_p5": br.high, "mid": br.mid, "token_mid_p5": tm, "cv_p5": c}
     return rows
 
 
@@ -76,7 +78,8 @@ def worst_errors(rows: list[dict], ks: list[int]) -> list[dict]:
         for k in ks:
             cells = [(r[f"{d}_k{k}"], r["exact_p5"]) for r in rows]
             err = {name: max(abs(c[key] - e) for c, e in cells)
-                   for name, key in (("lower", "lo_p5"), ("upper", "up_p5"), ("mid", "mid"), ("cv", "cv_p5"))}
+                   for name, key in (("lower", "lo_p5"), ("upper", "up_p5"), ("mid", "mid"),
+                                 ("token_mid", "token_mid_p5"), ("cv", "cv_p5"))}
             half = max((c["up_p5"] - c["lo_p5"]) / 2 for c, _ in cells)
             out.append({"design": d, "label": label, "k": k, **{f"max_err_{n}": v for n, v in err.items()},
                         "max_half_width": half, "mid_within_tol": err["mid"] <= TOL,
@@ -140,14 +143,16 @@ def markdown(rows: list[dict], worst: list[dict], spread: list[dict], ks: list[i
         lines.append(f"| {r['budget']} | {r['bin_from']} | {r['tokens']} | {r['exact_p5']:.3f} | {r['w_p5']:.3f} | "
                      + " | ".join(cells) + " |")
     lines += ["", "| design | K | max err p5(lower) | max err p5(upper) | max err bracket mid | max half-width | "
-              "max err p5(cv) | mid within ±0.02 | bytes/token packed | pickle | JSON |", "|" + "---|" * 11]
+              "max err p5((lo+up)/2) | max err p5(cv) | mid within ±0.02 | bytes/token packed | pickle | JSON |",
+              "|" + "---|" * 12]
     for w in worst:
         if w["design"] == "w":
-            lines.append(f"| {w['label']} | – | – | – | – | – | {w['max_err_w']:.3f} (p5 of w) | "
+            lines.append(f"| {w['label']} | – | – | – | – | – | – | {w['max_err_w']:.3f} (p5 of w) | "
                          f"{'yes' if w['mid_within_tol'] else 'no'} | 0 | 0 | 0 |")
             continue
         lines.append(f"| {w['label']} | {w['k']} | {w['max_err_lower']:.3f} | {w['max_err_upper']:.3f} | "
-                     f"{w['max_err_mid']:.3f} | {w['max_half_width']:.3f} | {w['max_err_cv']:.3f} | "
+                     f"{w['max_err_mid']:.3f} | {w['max_half_width']:.3f} | {w['max_err_token_mid']:.3f} | "
+                     f"{w['max_err_cv']:.3f} | "
                      f"{'yes' if w['mid_within_tol'] else 'no'} | {w['bytes_packed']} | {w['bytes_pickle']} | "
                      f"{w['bytes_json']} |")
     lines += ["", "| budget | exact tokens per bin (m) | worst bin's 95% half-range of p5 |", "|---|---|---|"]
