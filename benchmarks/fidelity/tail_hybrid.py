@@ -7,7 +7,8 @@ replacement and the bin's p5 is estimated two ways:
 - ``hybrid``: the fraction of tokens with ``a <= x`` is counted exactly for tokens whose upper bound is
   ``<= x`` (known for every token from the top-K bounds), and estimated from the subsample only among
   tokens whose bounds straddle ``x`` (a Horvitz-Thompson estimate, unbiased for the CDF); the p5 is where
-  that CDF first reaches 0.05.
+  that CDF first reaches 0.05 (``stats.tail.subsample_bounds_quantile``). Both use numpy's
+  ``inverted_cdf`` quantile here (the estimate is a step function).
 
 Prints, per budget and ``m``, the worst bin's 95% half-range of each estimate over ``--reps`` draws.
 
@@ -21,17 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
+from sparrow_server.stats.tail import subsample_bounds_quantile
+
 Q = 0.05
-GRID = np.linspace(0.0, 1.0, 2001)
 
 
 def hybrid_p5(a: np.ndarray, lo: np.ndarray, up: np.ndarray, kept: np.ndarray) -> float:
     """The p5 from every token's bounds plus exact values at ``kept`` (indices). [N] x3, [m] -> float."""
-    known = (up[None, :] <= GRID[:, None]).mean(1)  # [G]: tokens surely at or below x
-    s_lo, s_up, s_a = lo[kept], up[kept], a[kept]
-    straddle = (s_lo[None, :] <= GRID[:, None]) & (s_up[None, :] > GRID[:, None]) & (s_a[None, :] <= GRID[:, None])
-    cdf = np.maximum.accumulate(known + straddle.sum(1) / kept.size)
-    return float(GRID[np.argmax(cdf >= Q)])
+    return subsample_bounds_quantile(lo, up, kept, a[kept], Q)
 
 
 def half_range(values: list[float]) -> float:
@@ -62,7 +60,8 @@ def main() -> None:
                 sel = bins == b
                 a, lo, up = col["exact"][sel], col[f"lo2_k{args.k}"][sel], col[f"up2_k{args.k}"][sel]
                 draws = [rng.choice(a.size, m, replace=False) for _ in range(args.reps)]
-                worst["plain"] = max(worst["plain"], half_range([np.quantile(a[d], Q) for d in draws]))
+                plain = [np.quantile(a[d], Q, method="inverted_cdf") for d in draws]
+                worst["plain"] = max(worst["plain"], half_range(plain))
                 worst["hybrid"] = max(worst["hybrid"], half_range([hybrid_p5(a, lo, up, d) for d in draws]))
             print(json.dumps({"budget": budget, "k": args.k, "m": m, "bin_tokens": int(sel.sum()),
                               "plain_half_range_95": round(worst["plain"], 4),

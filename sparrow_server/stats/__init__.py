@@ -16,7 +16,7 @@ _EXPORTS = {
     "sparrow_server.stats.beta": ("BetaTailFit", "fit_beta_tail"),
     "sparrow_server.stats.rolling": ("RollingQuantile", "RollingTailMonitor"),
     "sparrow_server.stats.tail": ("BinQuantile", "QuantileBracket", "binned_quantile_brackets", "binned_quantiles",
-                                  "bootstrap_quantile_ci", "length_bins"),
+                                  "bootstrap_quantile_ci", "length_bins", "subsample_bounds_quantile"),
 }
 __all__ = [name for names in _EXPORTS.values() for name in names]
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
     from sparrow_server.stats.tail import (
         BinQuantile, QuantileBracket, binned_quantile_brackets, binned_quantiles, bootstrap_quantile_ci, length_bins,
+        subsample_bounds_quantile,
     )
 
 

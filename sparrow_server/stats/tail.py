@@ -157,6 +157,41 @@ def binned_quantile_brackets(
     return [QuantileBracket(lo.bin_index, lo.n_tokens, lo.quantile, hi.quantile) for lo, hi in zip(lows, highs)]
 
 
+def subsample_bounds_quantile(
+    lower: np.ndarray, upper: np.ndarray, kept: np.ndarray, kept_exact: np.ndarray, q: float = DEFAULT_QUANTILE,
+) -> float:
+    """Quantile of acceptance from every token's bounds and the exact value at a uniform subsample.
+
+    lower, upper: [N] per-token bounds; kept: [m] indices of the tokens whose exact value ``kept_exact``
+    ([m]) is known, drawn uniformly. The CDF at ``x`` is the share of tokens with ``upper <= x`` (known)
+    plus ``N / m`` times the kept tokens with ``exact <= x < upper`` (a Horvitz-Thompson estimate of the
+    straddling tokens at or below ``x``), unbiased for the true CDF; the result is the smallest ``x``
+    where it reaches ``q``, raised to the same quantile of ``lower`` if below it (it never exceeds that of
+    ``upper``). With every token kept it is ``np.quantile(exact, q, method="inverted_cdf")``. NaN when
+    there are no tokens.
+    """
+    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    kept, kept_exact = np.asarray(kept, dtype=np.int64), np.asarray(kept_exact, dtype=np.float64)
+    _check_quantile(q)
+    if lower.shape != upper.shape or lower.ndim != 1 or kept.shape != kept_exact.shape or kept.ndim != 1:
+        raise ValueError(f"lower {lower.shape}, upper {upper.shape} must be [N]; kept {kept.shape}, "
+                         f"kept_exact {kept_exact.shape} must be [m]")
+    n = lower.size
+    if n == 0:
+        return float("nan")
+    if kept.size == 0:
+        raise ValueError("kept: no exact values")
+    if np.any(kept_exact < lower[kept] - 1e-9) or np.any(kept_exact > upper[kept] + 1e-9):
+        raise ValueError("kept_exact: a value lies outside its token's bounds")
+    candidates = np.unique(np.concatenate([upper, kept_exact]))
+    ups, k_exact, k_up = np.sort(upper), np.sort(kept_exact), np.sort(upper[kept])
+    below = np.searchsorted(ups, candidates, side="right")
+    straddling = np.searchsorted(k_exact, candidates, side="right") - np.searchsorted(k_up, candidates, side="right")
+    cdf = (below + straddling * (n / kept.size)) / n
+    estimate = candidates[np.argmax(cdf >= q - 1e-12)]  # the last candidate has every upper <= it: cdf 1
+    return float(max(estimate, np.quantile(lower, q, method="inverted_cdf")))  # the truth is in the bracket
+
+
 def _check_quantile(q: float) -> None:
     if not 0 <= q <= 1:
         raise ValueError(f"q = {q!r}: must be in [0, 1]")
@@ -164,5 +199,5 @@ def _check_quantile(q: float) -> None:
 
 __all__ = [
     "BinQuantile", "QuantileBracket", "length_bins", "bootstrap_quantile_ci", "binned_quantiles",
-    "binned_quantile_brackets", "DEFAULT_QUANTILE",
+    "binned_quantile_brackets", "subsample_bounds_quantile", "DEFAULT_QUANTILE",
 ]

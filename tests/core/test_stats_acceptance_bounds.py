@@ -163,3 +163,49 @@ def test_compact_logits_keep_exact_acceptance_to_the_float16_rounding():
     # within 16 nats of the max a float16 step is <= 2^-7, so each probability is off by <= 2^-8 relative
     assert float((exact_acceptance(compact.double(), dense) - exact).abs().max()) <= 2 ** -8
     assert float((compact_logits(sparse + 123.0).double() - compact.double()).abs().max()) <= 2 ** -5  # one step
+
+
+def _bounded_tokens(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    exact = np.clip(1 - rng.beta(0.6, 6, n), 0, 1)
+    return exact, exact * rng.uniform(0.3, 1.0, n), np.minimum(1.0, exact + rng.uniform(0, 0.3, n))
+
+
+@pytest.mark.parametrize("q", [0.05, 0.01, 0.5])
+def test_subsample_bounds_quantile_with_every_token_kept_is_the_exact_quantile(q):
+    from sparrow_server.stats.tail import subsample_bounds_quantile
+
+    exact, lower, upper = _bounded_tokens()
+    everything = np.arange(exact.size)
+    want = np.quantile(exact, q, method="inverted_cdf")
+    assert subsample_bounds_quantile(lower, upper, everything, exact, q) == want
+    # Tight bounds settle every token: any subsample gives the exact quantile.
+    assert subsample_bounds_quantile(exact, exact, everything[:7], exact[:7], q) == want
+
+
+def test_subsample_bounds_quantile_is_within_its_bracket_and_beats_the_plain_subsample():
+    from sparrow_server.stats.tail import subsample_bounds_quantile
+
+    exact, lower, upper = _bounded_tokens(seed=1)
+    rng = np.random.default_rng(2)
+    truth = np.quantile(exact, 0.05, method="inverted_cdf")
+    plain, hybrid = [], []
+    for _ in range(200):
+        kept = rng.choice(exact.size, 200, replace=False)
+        got = subsample_bounds_quantile(lower, upper, kept, exact[kept])
+        assert np.quantile(lower, 0.05, method="inverted_cdf") <= got <= np.quantile(upper, 0.05, method="inverted_cdf")
+        hybrid.append(got - truth)
+        plain.append(np.quantile(exact[kept], 0.05, method="inverted_cdf") - truth)
+    assert abs(np.mean(hybrid)) < 0.01
+    assert np.sqrt(np.mean(np.square(hybrid))) < np.sqrt(np.mean(np.square(plain)))
+
+
+def test_subsample_bounds_quantile_rejects_values_outside_their_bounds():
+    from sparrow_server.stats.tail import subsample_bounds_quantile
+
+    exact, lower, upper = _bounded_tokens(n=10)
+    with pytest.raises(ValueError, match="outside"):
+        subsample_bounds_quantile(lower, upper, np.array([0]), upper[:1] + 0.1)
+    with pytest.raises(ValueError, match="no exact values"):
+        subsample_bounds_quantile(lower, upper, np.array([], dtype=int), np.array([]))
+    assert np.isnan(subsample_bounds_quantile(np.array([]), np.array([]), np.array([0]), np.array([0.5])))
