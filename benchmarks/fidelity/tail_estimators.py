@@ -25,9 +25,12 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where used: --help stays fast
+    import torch
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_ROLLOUTS = HERE.parent / "results" / "fidelity" / "long"
@@ -50,6 +53,8 @@ def _in_list(ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def stored_row_columns(sparse: torch.Tensor, log_q: torch.Tensor) -> dict:
     """Exact acceptance when the sparse logits row is kept in 16 bits (the exact-on-GPU design's buffer):
     ``fp16max``: ``(logits - max)`` as float16; ``bf16``: the logits as bfloat16. [C, V] -> {name: [C]}."""
+    import torch
+
     shifted = sparse - sparse.amax(-1, keepdim=True)
     out = {}
     for name, row in (("fp16max", shifted.half()), ("bf16", sparse.bfloat16())):
@@ -61,6 +66,8 @@ def stored_row_columns(sparse: torch.Tensor, log_q: torch.Tensor) -> dict:
 def chunk_columns(sparse: torch.Tensor, dense: torch.Tensor, ks: list[int], gen: torch.Generator,
                   storage: bool = False) -> dict:
     """Every estimator's per-token value on one row chunk (computed in float64). [C, V], [C, V] -> {name: [C] float64}."""
+    import torch
+
     from sparrow_server.stats.acceptance_bounds import (
         residual_sampled_estimate, sparse_topk_dense_full_bounds, topk_acceptance_bounds,
     )
@@ -88,6 +95,8 @@ def chunk_columns(sparse: torch.Tensor, dense: torch.Tensor, ks: list[int], gen:
 def score_rollout(scorer, rollout: dict, budget: int, ks: list[int], max_tokens: int, seed: int,
                   storage: bool = False) -> dict:
     """All columns for one rollout under one budget: {name: [N] float32}, plus ``position`` (0-based)."""
+    import torch
+
     completion = rollout["completion_ids"][:max_tokens]
     dense = scorer.dense_logits(rollout["prompt_ids"], completion)
     sparse = scorer.sparse_logits(rollout["prompt_ids"], completion, fixed_schedule(budget))
@@ -112,6 +121,8 @@ def main() -> None:
     parser.add_argument("--storage", action="store_true",
                         help="instead of the estimators: exact acceptance from 16-bit copies of the sparse logits")
     args = parser.parse_args()
+    import torch
+
     torch.set_num_threads(args.threads)
     from sparrow_server.models import load_model
     from sparrow_server.monitor.scoring import HFScorer
