@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 pytestmark = pytest.mark.gpu
 
 SPARSE = "qwen3-1.7b-0.86"
-PORT, SLIME_PORT = 31400, 31410
+PORT, SLIME_PORT = (p + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0")) for p in (31400, 31410))  # breaks run copies beside it
 # SGLang's memory saver needs the torch_memory_saver package (sglang 0.5.17 requires >=0.0.9.post1);
 # without it the server runs with the saver off and the freed-memory check is skipped, not faked.
 MEMORY_SAVER = importlib.util.find_spec("torch_memory_saver") is not None
@@ -200,7 +200,9 @@ def _release(server, tags) -> dict:
 def _check_freed(freed: dict) -> None:
     if not MEMORY_SAVER:
         pytest.skip("torch_memory_saver is not installed: release/resume ran, nothing was freed to check")
-    assert freed["freed_mib"] >= 0.95 * (freed["kv_mib"] + freed["landmarks_mib"]), freed
+    # The landmarks are ~2% of the KV pool, so a 5% slack on the sum would pass a release that left them
+    # mapped; half the landmarks' size is the slack (measured: freed 33 MiB above KV + landmarks, call 8).
+    assert freed["freed_mib"] >= freed["kv_mib"] + 0.5 * freed["landmarks_mib"], freed
 
 
 def test_release_and_resume_kv_cache_frees_the_landmarks_with_the_kv_pool(server):
