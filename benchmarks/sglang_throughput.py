@@ -15,6 +15,8 @@ KV + landmarks, from ``sparrow_server.cost.roofline``) for the same workload.
 Example (GPU host, kit installed): python benchmarks/sglang_throughput.py --sizes qwen3-1.7b --out-dir $OUT
 ``--tp-size N`` serves both backends with N-way tensor parallelism (NVLink multicast off:
 ``NCCL_NVLS_ENABLE=0``); the roofline ratio is the whole model's, which TP splits evenly.
+``--schedule-file PATH`` serves a schedule that is not a preset (e.g. ``benchmarks/schedules/``'s
+decode ceiling with no dense layer) as the sparse server's default, through ``SPARROW_SCHEDULE_DIR``.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ import sglang_server as S  # noqa: E402
 from sparrow_server.cost.model_shape import model_shape_from_config  # noqa: E402
 from sparrow_server.cost.roofline import roofline_bytes, step_flops_and_bytes  # noqa: E402
 from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
-from sparrow_server.sparsity.schedule import dense_schedule  # noqa: E402
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_schedule, load_schedule  # noqa: E402
 
 DEC_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 MAXTOK_RE = re.compile(r"max_total_num_tokens=(\d+)")
@@ -65,8 +67,7 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     rng = random.Random(0)
     cfg = S.qwen3_config(size)
     model_dir = S.write_config(work_dir / size, cfg)
-    env = {"SPARROW_DEFAULT_SCHEDULE": schedule.name,
-           "SPARROW_TOPK_CAP_TOKENS": str(max(schedule.budgets_tokens))}
+    env = schedule_env(schedule, work_dir / "schedules")
     if args.tp_size > 1:
         env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on the lent multi-GPU hosts
     log = out_dir / f"server-{size}-{backend}.log"
@@ -105,6 +106,24 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     finally:
         srv.stop()
     return res, cfg
+
+
+def schedule_env(schedule, schedule_dir: Path) -> dict[str, str]:
+    """The servers' schedule settings: ``schedule`` is their default; one that is not built in is saved
+    to ``schedule_dir``, which the schedulers load at start."""
+    env = {"SPARROW_DEFAULT_SCHEDULE": schedule.name, "SPARROW_TOPK_CAP_TOKENS": str(max(schedule.budgets_tokens))}
+    if not ScheduleRegistry().is_builtin(schedule.name):
+        schedule_dir.mkdir(parents=True, exist_ok=True)
+        (schedule_dir / f"{schedule.name}.json").write_text(dump_schedule(schedule))
+        env["SPARROW_SCHEDULE_DIR"] = str(schedule_dir)
+    return env
+
+
+def schedule_for(size: str, args) -> Schedule:
+    """``--schedule-file`` if given (the same for every size), else the preset ``<size>-<suffix>``."""
+    if args.schedule_file:
+        return load_schedule(args.schedule_file)
+    return ScheduleRegistry().get(f"{size}-{args.schedule_suffix}")
 
 
 def roofline_ratio(cfg, size, schedule, workload, context, batch, gen_len, prompt):
@@ -158,6 +177,9 @@ def main() -> int:
     ap.add_argument("--rollout-prompt", type=int, default=1024)
     ap.add_argument("--rollout-gen", type=int, default=16384)
     ap.add_argument("--schedule-suffix", default="0.86", help="preset = <size>-<suffix>")
+    ap.add_argument("--schedule-file", default=None,
+                    help="a schedule JSON file served instead of the preset (every size), e.g. "
+                         "benchmarks/schedules/qwen3-1.7b-0.86-no-dense-layers.json")
     ap.add_argument("--time-budget-s", type=float, default=560)
     ap.add_argument("--note", default="")
     ap.add_argument("--out-dir", default=".")
@@ -179,10 +201,9 @@ def main() -> int:
               "max_running_requests": args.max_running_requests, "tp_size": args.tp_size,
               "flags": server_flags(args), "runs": []}
     backends = args.backends.split(",")
-    registry = ScheduleRegistry()
     sizes = args.sizes.split(",")
     for i, size in enumerate(sizes):
-        schedule = registry.get(f"{size}-{args.schedule_suffix}")
+        schedule = schedule_for(size, args)
         per = {}
         # The first run gets half of this size's share of the time budget net of the two server starts;
         # the second then does exactly the workloads the first finished.

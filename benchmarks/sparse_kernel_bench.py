@@ -3,12 +3,18 @@
 Times each piece of the backend's per-layer work (landmark scoring with the decode landmark update,
 exact top-k + index writing, FlashInfer decode over per-head page lists on SGLang's token-major pool)
 against dense FlashInfer decode and a device-to-device copy (the achievable bandwidth), at each
-workload context and server context length (Pcap), and reports bytes and bandwidth.
-Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json [--batch 16 --contexts 16384,32768]
+workload context and server context length (Pcap), for each selection variant of
+``sparse_decode`` (``SELECT_VARIANTS``; the index buffers of all variants are compared: they must
+be equal), and reports bytes and bandwidth. Selection (score + top-k + index write) is set against
+its roofline: one read of the layer's landmarks for the batch at the copy bandwidth of this run
+(issue 24's target: at most 1.3x at 32K + 256 tokens, batch 16).
+Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
+  [--batch 16 --contexts 16384,32768,33024,40960 --server-contexts 40960 --variants v1,even,hist]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +24,8 @@ import torch
 
 _TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
 sys.path[:0] = [_TESTS, os.path.join(_TESTS, "gpu")]  # helpers.sparse_case, _sparse_runner
+
+PS, H, G, D = 16, 8, 2, 128  # Qwen3-1.7B: page 16, 8 KV heads, 2 query heads per KV head, head dim 128
 
 
 def graph_us(fn, reps: int = 20, iters: int = 30) -> float:
@@ -47,83 +55,165 @@ def graph_us(fn, reps: int = 20, iters: int = 30) -> float:
     return ts[len(ts) // 2]
 
 
-def bench_case(b: int, ctx: int, budget_pages: int, max_context: int, ws, copy_tbps: float) -> dict:
-    """One layer at ``ctx`` tokens x ``b`` requests on a server whose context length is ``max_context``."""
-    import flashinfer
+def copy_bandwidth_tbps() -> float:
+    """Device-to-device copy of 1 GiB: bytes read + written per second (TB/s)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    us = graph_us(lambda: dst.copy_(src), reps=5, iters=10)
+    return round(2 * src.numel() / us / 1e6, 3)
 
-    from _sparse_runner import SparseLayer
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+
+def _schedule(name: str, budget_pages: int):
+    """The named schedule (the server's plan at each context), or a fixed budget when given."""
+    from helpers.sparse_case import fixed_budget_schedule
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+
+    return fixed_budget_schedule(budget_pages) if budget_pages else ScheduleRegistry().get(name)
+
+
+def build_pool(b: int, ctx: int):
+    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks (shorter contexts use a prefix
+    of each request's pages: one pool for every case, built once)."""
+    from helpers.sparse_case import make_case
     from sparrow_server.kernels import sparse_decode as K
 
-    ps, h, g, d = 16, 8, 2, 128
-    case = make_case([ctx] * b, num_kv_heads=h, group=g, head_dim=d, seed=0)
-    pcap = math.ceil(max_context / ps)
-    lm = torch.zeros(case.k_buf.shape[0] // ps, h, d, dtype=torch.bfloat16, device="cuda")
-    K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, ps, only_full=True)
-    plan = plan_for(case, [fixed_budget_schedule(budget_pages)] * b, topk_cap_pages=budget_pages)
-    layer = SparseLayer(case, plan, lm, pcap, ws)
-    scale = 1 / math.sqrt(d)
-    loc = case.req_to_token[1:, ctx - 1].long()  # a slot that completes a page: the landmark update runs
+    case = make_case([ctx] * b, num_kv_heads=H, group=G, head_dim=D, seed=0)
+    lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=torch.bfloat16, device="cuda")
+    K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
+    return case, lm
+
+
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws):
+    """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer."""
+    from _sparse_runner import SparseLayer
+    from helpers.sparse_case import plan_for
+
+    full, lm = pool
+    case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
+    plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws)
+
+
+def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
+    """Selection timings of one variant, and the index buffer it writes."""
+    layer.variant = variant
+    layer.indices.zero_()
     layer(scale, loc)
-    qh = case.q.view(-1, g, d)
+    indices = layer.indices.clone()
     res = {"score_us": graph_us(lambda: layer.score(loc)), "select_and_write_us": graph_us(layer.select_write),
-           "sparse_attn_us": graph_us(lambda: layer.wrapper.run(qh, layer.kv, out=layer.out)),
            "sparse_layer_total_us": graph_us(lambda: layer(scale, loc))}
+    res["selection_us"] = res["score_us"] + res["select_and_write_us"]
+    return {k: round(v, 1) for k, v in res.items()}, indices
+
+
+def dense_attn_us(case, b: int, ctx: int, ws) -> float:
+    import flashinfer
+
     dw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
-    n_pages = ctx // ps
-    dense_idx = (case.req_to_token[1:, ::ps][:, :n_pages] // ps).reshape(-1).contiguous()
-    dw.plan(torch.arange(b + 1, dtype=torch.int32) * n_pages, dense_idx, torch.full((b,), ps, dtype=torch.int32),
-            h * g, h, d, ps, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
-    kv_pages = (case.k_buf.view(-1, ps, h, d), case.v_buf.view(-1, ps, h, d))
+    n_pages = ctx // PS
+    dense_idx = (case.req_to_token[1:, ::PS][:, :n_pages] // PS).reshape(-1).contiguous()
+    dw.plan(torch.arange(b + 1, dtype=torch.int32) * n_pages, dense_idx, torch.full((b,), PS, dtype=torch.int32),
+            H * G, H, D, PS, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
+    kv_pages = (case.k_buf.view(-1, PS, H, D), case.v_buf.view(-1, PS, H, D))
     dout = torch.empty_like(case.q)
-    res["dense_attn_us"] = graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
-    out = {k: round(v, 1) for k, v in res.items()}
-    kv_sel = b * h * int(plan.count[0]) * ps * d * 2 * 2
-    lm_bytes = b * (ctx // ps) * h * d * 2
-    kv_dense = b * ctx * h * d * 2 * 2
+    return graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
+
+
+def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants) -> dict:
+    """One layer at ``ctx`` tokens x the pool's requests on a server whose context length is ``max_context``."""
+    case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
+    b = len(case.lengths)
+    scale = 1 / math.sqrt(D)
+    loc = case.req_to_token[1:, ctx - 1].long()  # a slot that completes a page: the landmark update runs
     tbps = lambda nbytes, us: round(nbytes / us / 1e6, 3)
-    out.update({
-        "batch": b, "context": ctx, "server_context_length": max_context, "pcap": pcap,
-        "budget_pages": int(plan.count[0]), "bytes_selected_kv": kv_sel, "bytes_landmarks": lm_bytes,
-        "bytes_dense_kv": kv_dense, "dense_attn_TBps": tbps(kv_dense, res["dense_attn_us"]),
-        "sparse_attn_TBps": tbps(kv_sel, res["sparse_attn_us"]), "score_TBps": tbps(lm_bytes, res["score_us"]),
-        "selection_us": round(res["score_us"] + res["select_and_write_us"], 1),
-        "sparse_layer_TBps_on_required_bytes": tbps(kv_sel + lm_bytes, res["sparse_layer_total_us"]),
-        "layer_speedup_dense_over_sparse": round(res["dense_attn_us"] / res["sparse_layer_total_us"], 2),
-    })
-    out["selection_floor_us"] = round(lm_bytes / (copy_tbps * 1e6), 1)
-    out["selection_over_floor"] = round(out["selection_us"] / out["selection_floor_us"], 2)
-    out["sparse_attn_over_copy"] = round(out["sparse_attn_TBps"] / copy_tbps, 2)
+    lm_bytes = b * (ctx // PS) * H * D * 2
+    landmark_read_us = lm_bytes / (copy_tbps * 1e6)
+    out = {"batch": b, "context": ctx, "server_context_length": max_context, "pcap": layer.scores.shape[1],
+           "budget_pages": int(plan.count[0]), "candidates": int(plan.cand_hi[0] - plan.cand_lo[0]),
+           "bytes_landmarks": lm_bytes, "landmark_read_us_at_copy_bw": round(landmark_read_us, 1), "variants": {}}
+    first = None
+    for v in variants:
+        try:
+            res, indices = time_variant(layer, v, scale, loc)
+        except Exception as exc:  # e.g. a Triton without some op: record it, time the other variants
+            out["variants"][v] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            continue
+        if first is None:
+            first, out["indices_compared_with"] = indices, v
+        res.update({"same_indices": bool(torch.equal(indices, first)), "score_TBps": tbps(lm_bytes, res["score_us"]),
+                    "selection_over_landmark_read": round(res["selection_us"] / landmark_read_us, 2)})
+        out["variants"][v] = res
+    qh = case.q.view(-1, G, D)
+    sparse_us = graph_us(lambda: layer.wrapper.run(qh, layer.kv, out=layer.out))
+    dense_us = dense_attn_us(case, b, ctx, ws)
+    kv_sel = b * H * int(plan.count[0]) * PS * D * 2 * 2
+    kv_dense = b * ctx * H * D * 2 * 2
+    out.update({"sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
+                "bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense,
+                "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
+                "sparse_attn_over_copy": round(tbps(kv_sel, sparse_us) / copy_tbps, 2)})
     return out
 
 
+def summary(cases: list, target: float) -> str:
+    """One line per (context, server context, variant): selection against the landmark-read roofline."""
+    lines = [(f"{'context':>8} {'server':>7} {'cands':>6} {'variant':>8} {'score':>7} {'top-k':>7} {'select':>7} "
+              f"{'lm read':>7} {'ratio':>6}  (us; ratio = select / lm read, target <= {target})")]
+    for c in cases:
+        for v, r in c["variants"].items():
+            if "error" in r:
+                lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {c['candidates']:>6} {v:>8} "
+                             f"ERROR {r['error'][:200]}")
+                continue
+            flag = "" if r["selection_over_landmark_read"] <= target else "  over target"
+            lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {c['candidates']:>6} {v:>8} "
+                         f"{r['score_us']:>7} {r['select_and_write_us']:>7} {r['selection_us']:>7} "
+                         f"{c['landmark_read_us_at_copy_bw']:>7} {r['selection_over_landmark_read']:>6}{flag}")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    from sparrow_server.kernels import sparse_decode as K
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--contexts", default="16384,32768")
-    ap.add_argument("--budget-pages", type=int, default=256)
-    ap.add_argument("--server-contexts", default="16896,40960", help="server context lengths (set Pcap)")
+    ap.add_argument("--contexts", default="16384,32768,33024,40960")
+    ap.add_argument("--schedule", default="qwen3-1.7b-0.86", help="budgets at each context (the server's plan)")
+    ap.add_argument("--budget-pages", type=int, default=0, help="a fixed budget instead of --schedule's")
+    ap.add_argument("--server-contexts", default="40960", help="server context lengths (set Pcap)")
+    ap.add_argument("--variants", default=",".join(K.SELECT_VARIANTS), help="sparse_decode.SELECT_VARIANTS to time")
+    ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
+    variants = a.variants.split(",")
+    bad = sorted(set(variants) - set(K.SELECT_VARIANTS))
+    if bad:
+        ap.error(f"--variants {bad}: not in {K.SELECT_VARIANTS}")
+    schedule = _schedule(a.schedule, a.budget_pages)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_us = graph_us(lambda: dst.copy_(src), reps=5, iters=10)
-    copy_tbps = round(2 * src.numel() / copy_us / 1e6, 3)
-    del src, dst
-    result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": 8, "group": 2,
-              "head_dim": 128, "landmark_dtype": "bfloat16", "cases": []}
-    for ctx in (int(c) for c in a.contexts.split(",")):
+    copy_tbps = copy_bandwidth_tbps()
+    result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": G,
+              "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
+              "default_variant": K.DEFAULT_SELECT_VARIANT, "cases": []}
+    contexts = [int(c) for c in a.contexts.split(",")]
+    pool = build_pool(a.batch, max(contexts))
+    for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:
                 continue
-            case = bench_case(a.batch, ctx, a.budget_pages, max_ctx, ws, copy_tbps)
+            case = bench_case(pool, ctx, schedule, max_ctx, ws, copy_tbps, variants)
             print(json.dumps(case), flush=True)
             result["cases"].append(case)
             torch.cuda.empty_cache()
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
-    return 0
+    print(f"{result['gpu']}: copy {copy_tbps} TB/s\n{summary(result['cases'], a.target)}", flush=True)
+    runs = [r for c in result["cases"] for r in c["variants"].values()]
+    if any("error" in r for r in runs):
+        print("ERROR: a variant failed (its 'error' in the JSON)", flush=True)
+    if not all(r.get("same_indices", True) for r in runs):
+        print("ERROR: the variants wrote different index buffers", flush=True)
+    return 0 if all("error" not in r and r["same_indices"] for r in runs) else 1
 
 
 if __name__ == "__main__":

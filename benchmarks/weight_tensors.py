@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import sglang_server as S
+from sparrow_server.client.weight_broadcast import plan_buckets as buckets  # slime's and verl's rule
 
 HF_SHARD_BYTES = 5 * 10**9  # transformers' save_pretrained max_shard_size "5GB"
 
@@ -30,21 +31,6 @@ def param_shapes(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out.append(("model.norm.weight", (hs,)))
     if not cfg.get("tie_word_embeddings"):  # tied: the head is the embedding, and SGLang has no lm_head param
         out.append(("lm_head.weight", (cfg["vocab_size"], hs)))
-    return out
-
-
-def buckets(sizes: list[tuple[str, int]], limit: int) -> list[list[str]]:
-    """slime's and verl's bucketing (same rule in both): a tensor that would overflow the current bucket
-    starts a new one; a tensor larger than ``limit`` gets a bucket of its own."""
-    out: list[list[str]] = []
-    filled = 0
-    for name, size in sizes:
-        if out and filled + size <= limit:
-            out[-1].append(name)
-            filled += size
-        else:
-            out.append([name])
-            filled = size
     return out
 
 

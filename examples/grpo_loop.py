@@ -8,6 +8,11 @@ one policy-gradient step on the local copy of the model, save it, and load it on
 (``/update_weights_from_disk``) so that the next step samples from the new policy. Optionally a
 DistillSparse LoRA is trained every K steps and published to the servers.
 
+With ``--weight-sync distributed`` the policy's parameters go from the trainer's memory to every server
+over a process group instead (SGLang's ``/update_weights_from_distributed``, opened once at the start):
+``--sync-backend gloo`` on CPUs, ``nccl`` from the trainer's GPU (``--device cuda:0``) to servers on
+other GPUs (disaggregated, as slime runs it; ``benchmarks/gpu_host/grpo_gpu.py`` runs it on two GPUs).
+
     sparrow-server serve --port 30000 &                     # embedded SmolLM2-135M-Instruct, CPU
     PYTHONPATH=. python examples/grpo_loop.py --server http://127.0.0.1:30000 --steps 3
 
@@ -36,8 +41,7 @@ if not __package__:  # run as a script: make the sibling ``grpo`` package import
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grpo.fleet_sync import (  # noqa: E402
-    DEMO_SCHEDULE_NAME, distill_adapter, ensure_schedule, prune_checkpoints, publish_adapter, push_weights,
-    save_checkpoint,
+    DEMO_SCHEDULE_NAME, BroadcastSync, DiskSync, distill_adapter, ensure_schedule, publish_adapter,
 )
 from grpo.objective import (  # noqa: E402
     DEFAULT_TIS_CAP, ObjectiveSettings, acceptance, group_advantages, importance_weights, policy_update,
@@ -46,6 +50,9 @@ from grpo.sampling import GenerateSampler, RolloutSampler, Sample, SamplingSetti
 from grpo.tasks import Problem, arithmetic_problems, exact_match_reward, prompt_ids  # noqa: E402
 
 SEED_STRIDE = 1_000_003  # per-step offset of the sampling seeds
+WEIGHT_SYNCS = ("disk", "distributed")
+SYNC_BACKENDS = ("gloo", "nccl")
+DEFAULT_MASTER_PORT = 29650
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class LoopConfig:
     prompts_per_step: int = 4
     samples_per_prompt: int = 4
     max_new_tokens: int = 32
+    context_examples: int = 0  # worked additions before each question (long prompts: budgets drop pages)
     temperature: float = 1.0
     lr: float = 1e-6
     tis_cap: float = DEFAULT_TIS_CAP
@@ -70,6 +78,11 @@ class LoopConfig:
     publish: bool = False
     adapter_dir: str | None = None  # where adapters are written (under the servers' --adapter-root); default <out_dir>/adapters
     sync_initial: bool = False  # push the trainer's starting weights first (version "0")
+    device: str = "cpu"  # the trainer's: dense logprobs, the policy update (and NCCL's sending side)
+    weight_sync: str = "disk"  # disk: save + /update_weights_from_disk; distributed: a process group
+    sync_backend: str = "gloo"
+    master_address: str = "127.0.0.1"  # the trainer's address as the servers reach it (distributed)
+    master_port: int = DEFAULT_MASTER_PORT
 
     def __post_init__(self) -> None:
         if not self.servers:
@@ -83,6 +96,12 @@ class LoopConfig:
             raise ValueError(f"temperature = {self.temperature}: must be > 0 (logprobs are at temperature T)")
         if self.distill_every < 0:
             raise ValueError(f"distill_every = {self.distill_every}: must be >= 0")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"weight_sync = {self.weight_sync!r}: must be one of {', '.join(WEIGHT_SYNCS)}")
+        if self.sync_backend not in SYNC_BACKENDS:
+            raise ValueError(f"sync_backend = {self.sync_backend!r}: must be one of {', '.join(SYNC_BACKENDS)}")
+        if self.weight_sync == "distributed" and self.sync_backend == "nccl" and not self.device.startswith("cuda"):
+            raise ValueError(f"device = {self.device!r}: NCCL sends from a GPU; give --device cuda:N")
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,17 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
+def make_weight_sync(config: LoopConfig, out: Path) -> DiskSync | BroadcastSync:
+    if config.weight_sync == "disk":
+        return DiskSync(config.servers, out / "checkpoints", config.api_key)
+    from sparrow_server.client.weight_broadcast import BroadcastConfig
+
+    device = config.device if config.sync_backend == "nccl" else None
+    return BroadcastSync(config.servers, BroadcastConfig(
+        master_port=config.master_port, master_address=config.master_address, backend=config.sync_backend,
+        device=device, api_key=config.api_key))
+
+
 def make_sampler(config: LoopConfig):
     if config.via_router:
         return GenerateSampler(config.via_router, config.schedule, config.api_key)
@@ -143,13 +173,16 @@ class GRPOLoop:
         self.objective = ObjectiveSettings(temperature=config.temperature, tis_cap=config.tis_cap)
         self.schedule = ensure_schedule(config.servers, config.schedule, config.api_key)
         self.sampler = make_sampler(config)
-        self.problems = arithmetic_problems(config.steps * config.prompts_per_step, config.seed)
+        self.problems = arithmetic_problems(config.steps * config.prompts_per_step, config.seed,
+                                            context_examples=config.context_examples)
         self.out = Path(config.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.adapters = Path(config.adapter_dir) if config.adapter_dir else self.out / "adapters"
+        self.weights = make_weight_sync(config, self.out)
 
     def close(self) -> None:
         self.sampler.close()
+        self.weights.close()
 
     def completions(self, samples: Sequence[Sample]) -> list[str]:
         return [self.tokenizer.decode(list(s.token_ids), skip_special_tokens=True) for s in samples]
@@ -183,10 +216,8 @@ class GRPOLoop:
         return self._log(step, samples, rewards, update, t1 - t0, t2 - t1, t4 - t3, distill_s, adapter, example)
 
     def push(self, version: int) -> None:
-        """Save the policy and load it on every server as weight version ``version``."""
-        checkpoint = save_checkpoint(self.model, self.out / "checkpoints", version)
-        push_weights(self.config.servers, checkpoint, version, self.config.api_key)
-        prune_checkpoints(self.out / "checkpoints", keep=checkpoint)
+        """Every server serves the policy as weight version ``version`` (from disk or over the group)."""
+        self.weights.push(self.model, version)
 
     def _maybe_distill(self, step: int, samples: Sequence[Sample]) -> tuple[Path | None, float]:
         c = self.config
@@ -232,8 +263,9 @@ def run_loop(config: LoopConfig, model: Any = None, tokenizer: Any = None,
     if model is None:
         from sparrow_server.models import load_model
 
-        loaded = load_model(config.model)
+        loaded = load_model(config.model, device=config.device)
         model, tokenizer = loaded.model, tokenizer or loaded.tokenizer
+    model = model.to(config.device)
     if tokenizer is None:
         raise ValueError("tokenizer: the model directory has none; pass one")
     loop = GRPOLoop(config, model, tokenizer, reward)
@@ -263,6 +295,8 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
     p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step)
     p.add_argument("--samples-per-prompt", "-n", type=int, default=d.samples_per_prompt)
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--context-examples", type=int, default=d.context_examples,
+                   help="worked additions before each question (~14 tokens each): prompts long enough for a budget to bite")
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--tis-cap", type=float, default=d.tis_cap, help="C in min(exp(dense - sparse), C)")
@@ -276,13 +310,20 @@ def parse_args(argv: Sequence[str] | None = None) -> LoopConfig:
     p.add_argument("--adapter-dir", default=None,
                    help="where adapters are written: a folder under the servers' --adapter-root (default OUT_DIR/adapters)")
     p.add_argument("--sync-initial", action="store_true", help="push the trainer's starting weights before step 1")
+    p.add_argument("--device", default=d.device, help="the trainer's torch device (cuda:0 on a GPU host)")
+    p.add_argument("--weight-sync", choices=WEIGHT_SYNCS, default=d.weight_sync,
+                   help="disk: save + /update_weights_from_disk; distributed: broadcast over a process group")
+    p.add_argument("--sync-backend", choices=SYNC_BACKENDS, default=d.sync_backend, help="the group's backend")
+    p.add_argument("--master-address", default=d.master_address, help="the trainer's address as the servers reach it")
+    p.add_argument("--master-port", type=int, default=d.master_port, help="the group's TCPStore port (trainer side)")
     a = p.parse_args(argv)
     return LoopConfig(
         servers=tuple(a.server), via_router=a.via_router, schedule=a.schedule, model=a.model, steps=a.steps,
         prompts_per_step=a.prompts_per_step, samples_per_prompt=a.samples_per_prompt, max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature, lr=a.lr, tis_cap=a.tis_cap, seed=a.seed, out_dir=a.out_dir, threads=a.threads,
+        context_examples=a.context_examples, temperature=a.temperature, lr=a.lr, tis_cap=a.tis_cap, seed=a.seed, out_dir=a.out_dir, threads=a.threads,
         api_key=a.api_key, distill_every=a.distill_every, distill_steps=a.distill_steps, publish=a.publish,
-        adapter_dir=a.adapter_dir, sync_initial=a.sync_initial,
+        adapter_dir=a.adapter_dir, sync_initial=a.sync_initial, device=a.device, weight_sync=a.weight_sync,
+        sync_backend=a.sync_backend, master_address=a.master_address, master_port=a.master_port,
     )
 
 

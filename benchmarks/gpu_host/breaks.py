@@ -30,6 +30,9 @@ TRAINER = "tests/gpu/test_sglang_trainer_compat.py"
 BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
+LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
+LAYER_PLANS = "sparrow_server/sglang_plugin/scheduler/layer_plans.py"
+DENSE_LAYERS = "tests/gpu/test_dense_layers.py"
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,15 @@ BREAKS = (
           "(pages keep whatever an earlier request, or the old weights, left)",
           BACKEND, "if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:",
           "if False:", (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+    Break("request_dense_layers_ignored", "a request's own dense layers decoded sparsely (the server's only)",
+          LAYER_GROUPS, "return frozenset(schedule.dense_layers) & frozenset(sparse_layers)", "return frozenset()",
+          (f"{DENSE_LAYERS}::test_the_odd_schedule_changes_the_requests_outputs",
+           f"{DENSE_LAYERS}::test_dense_by_budget_equals_the_stock_dense_layers")),
+    Break("layer_plans_all_from_group_0", "under CUDA graphs every sparse layer runs the base group's FlashInfer plan",
+          LAYER_PLANS, "torch.index_select(self.slot_ws[:, :n], 0, self.group_of_layer)",
+          "torch.index_select(self.slot_ws[:, :n], 0, torch.zeros_like(self.group_of_layer))",
+          (f"{DENSE_LAYERS}::test_a_request_gets_its_own_dense_layers_in_a_mixed_batch",
+           f"{DENSE_LAYERS}::test_cuda_graph_on_off_agree")),
     Break("landmarks_stale_after_update", "prefill does not recompute the landmarks of the pages it writes, so "
           "after a weight update pages keep the landmarks earlier requests left with the old weights",
           BACKEND, "if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:",

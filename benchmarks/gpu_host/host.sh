@@ -5,10 +5,12 @@
 # 2: keep part 2; compile SmolLM2's kernels on dummy weights.       (carry .gpu16 .model2)
 # 3: keep part 3, reassemble + sha256, convert; cross-engine GPU test at 8K (graphs) + selections (eager).
 # 4: calibrate --server on the production engine, held-out check, dense vs sparse throughput.
+# 5: GRPO on two GPUs (grpo_gpu.py): trainers on GPU 0, servers on GPU 1, NCCL each step; needs stage 3's
+#    converted model (stage 3 with XE=0 converts without the cross-engine test). GRPO_ARGS adds arguments.
 # /tmp survives between calls only while the host stays warm (~30 s): a stage that finds the kit or an
 # earlier part missing says so and exits 3 (start again from call 1).
 set -uo pipefail
-STAGE="${1:?stage 1-4}"
+STAGE="${1:?stage 1-5}"
 R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
@@ -76,6 +78,7 @@ case "$STAGE" in
   py benchmarks/gpu_host/transfer.py convert "$GGUF" --cache "$CACHE" 2>"$W/convert.log" | tail -1 > "$W/model_dir"
   log "converted: $(model_dir)"
   [ -f "$(model_dir)/config.json" ] || { tail -20 "$W/convert.log"; exit 1; }
+  [ "${XE:-1}" = 0 ] && { log "XE=0: converted only (no cross-engine test)"; log "stage 3 done"; exit 0; }
   mkdir -p "$W/xe"  # the test's servers are its fixtures: SIGINT (not TERM) lets pytest stop them on a timeout
   OUT="$W/xe" SPARROW_GPU_MODEL_DIR="$(model_dir)" CROSS_ENGINE_TOTAL=8160 CROSS_ENGINE_PROMPTS=4 \
     timeout -s INT 480 python3 -m pytest -q -p no:cacheprovider -rA -s tests/gpu/test_cross_engine.py 2>&1 | tee "$OUT/test_cross_engine.log"
@@ -124,7 +127,16 @@ EOF
   cp "$W/server-calib.log" "$W/cal/" 2>/dev/null
   pack calibration_data.tar.xz cal
   ;;
-*) echo "stage must be 1-4" >&2; exit 2 ;;
+5)
+  [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
+  CAL=benchmarks/results/fidelity/calibrated_schedule.json  # not in .gpu16's code archive (results excluded)
+  [ -f "$CAL" ] || CAL="$R/$CAL"
+  mkdir -p "$W/grpo"  # its log goes into the packed logs: OUT takes at most 8 files (6 from --pack)
+  timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/grpo_gpu.py "$W/grpo" --pack "$OUT" --model-dir "$(model_dir)" \
+    --calibrated "$CAL" --deadline-s "$(left 90 480)" ${GRPO_ARGS:-} 2>&1 | tee "$W/grpo/grpo.log"
+  RC=${PIPESTATUS[0]}
+  ;;
+*) echo "stage must be 1-5" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
 exit "${RC:-0}"

@@ -1,6 +1,12 @@
 """What the trainer tells the servers directly (never through the router, which forwards neither
-``PUT /schedules`` nor ``/update_weights_from_disk``): the demo schedule, the new policy weights
-after each step, and (optionally) a DistillSparse adapter.
+``PUT /schedules`` nor the weight routes): the demo schedule, the new policy weights after each step,
+and (optionally) a DistillSparse adapter.
+
+The weights go one of two ways: ``DiskSync`` saves a checkpoint and has every server load it
+(``/update_weights_from_disk``: trainer and servers share a file system); ``BroadcastSync`` sends the
+policy's parameters from the trainer's memory over a process group (SGLang's
+``/update_weights_from_distributed``, ``sparrow_server.client.weight_broadcast``: gloo, or NCCL from the
+trainer's GPU to the servers').
 """
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sparrow_server.client import SparrowError, update_weights
+from sparrow_server.client.weight_broadcast import BroadcastConfig, WeightBroadcaster
 from sparrow_server.distill.publish import DEFAULT_ALIAS, publish
 from sparrow_server.sparsity.schedule import Schedule, schedule_from_dict
 
@@ -61,6 +68,43 @@ def prune_checkpoints(root: Path, keep: Path) -> None:
 def push_weights(urls: Sequence[str], checkpoint: Path, step: int, api_key: str | None = None) -> dict[str, Any]:
     """Every server loads ``checkpoint`` (in-flight rollouts finish first) as weight version ``step``."""
     return update_weights(list(urls), str(checkpoint.resolve()), weight_version=str(step), api_key=api_key)
+
+
+class DiskSync:
+    """Save the policy, every server loads it, older checkpoints go."""
+
+    def __init__(self, urls: Sequence[str], root: Path, api_key: str | None = None):
+        self.urls, self.root, self.api_key = list(urls), root, api_key
+
+    def push(self, model: Any, version: int) -> None:
+        checkpoint = save_checkpoint(model, self.root, version)
+        push_weights(self.urls, checkpoint, version, self.api_key)
+        prune_checkpoints(self.root, keep=checkpoint)
+
+    def close(self) -> None:
+        pass
+
+
+def policy_tensors(model: Any) -> dict[str, Any]:
+    """The policy's parameters by checkpoint name (``model.layers.0.self_attn.q_proj.weight``...). A tied
+    output layer appears once, as the embedding (``named_parameters`` drops the alias), which is what
+    SGLang's Llama and the reference engine expect."""
+    return dict(model.named_parameters())
+
+
+class BroadcastSync:
+    """The policy's parameters from the trainer's memory to every server, each step, over one process
+    group opened at the start (``WeightBroadcaster``)."""
+
+    def __init__(self, urls: Sequence[str], config: BroadcastConfig):
+        self.broadcaster = WeightBroadcaster(list(urls), config)
+        self.broadcaster.open()
+
+    def push(self, model: Any, version: int) -> None:
+        self.broadcaster.update(policy_tensors(model), weight_version=str(version))
+
+    def close(self) -> None:
+        self.broadcaster.close()
 
 
 def distill_adapter(policy: Any, samples: Sequence[Sample], schedule: Schedule, out: Path, steps: int) -> tuple[Path, Any]:

@@ -65,10 +65,11 @@ def sampled_token_logprobs(model: Any, samples: Sequence[Sample], temperature: f
     causal attention, so the real positions see exactly what ``dense_logits`` of each sequence would).
     Gradients flow if enabled by the caller.
     """
-    seqs = [torch.tensor(x.prompt_ids + x.token_ids) for x in samples]
+    device = next(model.parameters()).device  # the trainer's device: batches go where the weights are
+    seqs = [torch.tensor(x.prompt_ids + x.token_ids, device=device) for x in samples]
     width = max(len(q) for q in seqs)
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long, device=device)
     for row, q in enumerate(seqs):
         ids[row, : len(q)], mask[row, : len(q)] = q, 1
     logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()  # [B, W, V]
@@ -88,13 +89,15 @@ def token_loss(logp: Tensor, logp_old: Tensor, advantage: float, tis: Tensor, s:
 
 
 def importance_weights(dense_old: Tensor, sample: Sample, cap: float) -> Tensor:
-    """TIS weights ``min(exp(dense_old - sparse), cap)``: [G] float64."""
-    return truncated_importance_weights(dense_old.double(), torch.tensor(sample.sparse_logprobs, dtype=torch.float64), cap)
+    """TIS weights ``min(exp(dense_old - sparse), cap)``: [G] float64, on ``dense_old``'s device."""
+    sparse = torch.tensor(sample.sparse_logprobs, dtype=torch.float64, device=dense_old.device)
+    return truncated_importance_weights(dense_old.double(), sparse, cap)
 
 
 def acceptance(dense_old: Tensor, sample: Sample) -> Tensor:
     """Sampled-token acceptance ``min(1, p_dense / p_sparse)``: [G] float64 (its mean estimates alpha)."""
-    return sampled_acceptance(dense_old.double(), torch.tensor(sample.sparse_logprobs, dtype=torch.float64))
+    sparse = torch.tensor(sample.sparse_logprobs, dtype=torch.float64, device=dense_old.device)
+    return sampled_acceptance(dense_old.double(), sparse)
 
 
 def policy_update(model: Any, optimizer: torch.optim.Optimizer, samples: Sequence[Sample], advantages: Sequence[float],

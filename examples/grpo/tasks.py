@@ -24,15 +24,29 @@ class Problem:
     answer: int
 
 
-def arithmetic_problems(count: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND) -> list[Problem]:
-    """``count`` additions of operands in ``[1, max_operand]``, the same for the same ``seed``."""
+def solved_examples(count: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND) -> str:
+    """``count`` worked additions, one per line: a few-shot preamble that makes the prompt long enough
+    for a KV budget to drop pages (the bare question is ~43 tokens, under every schedule's first budget)."""
+    rng = random.Random(seed)
+    pairs = [(rng.randint(1, max_operand), rng.randint(1, max_operand)) for _ in range(count)]
+    return "".join(f"{a}+{b} = {a + b}\n" for a, b in pairs)
+
+
+def arithmetic_problems(count: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND,
+                        context_examples: int = 0) -> list[Problem]:
+    """``count`` additions of operands in ``[1, max_operand]``, the same for the same ``seed``; with
+    ``context_examples``, each question follows that many worked additions (its own, seeded)."""
     if count < 1:
         raise ValueError(f"count = {count}: must be >= 1")
+    if context_examples < 0:
+        raise ValueError(f"context_examples = {context_examples}: must be >= 0")
     rng = random.Random(seed)
     out = []
-    for _ in range(count):
+    for i in range(count):
         a, b = rng.randint(1, max_operand), rng.randint(1, max_operand)
-        out.append(Problem(QUESTION.format(a=a, b=b), a + b))
+        # the examples' own seed: the questions stay those of the bare task with the same seed
+        preamble = solved_examples(context_examples, seed * 1_000_003 + i, max_operand) if context_examples else ""
+        out.append(Problem(preamble + QUESTION.format(a=a, b=b), a + b))
     return out
 
 

@@ -25,3 +25,7 @@ __all__ += ["update_weights", "pause", "resume", "async_update_weights", "async_
 from sparrow_server.client.default_schedule import async_set_default_schedule, set_default_schedule  # noqa: E402
 
 __all__ += ["set_default_schedule", "async_set_default_schedule"]
+# Weights from the trainer's memory over a process group (SGLang's update_weights_from_distributed).
+from sparrow_server.client.weight_broadcast import BroadcastConfig, WeightBroadcaster  # noqa: E402
+
+__all__ += ["BroadcastConfig", "WeightBroadcaster"]

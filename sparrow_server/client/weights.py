@@ -47,14 +47,14 @@ def update_payload(model_path: str, *, weight_version: str | None = None, load_f
     return body
 
 
-def _url_list(urls: Urls) -> list[str]:
+def url_list(urls: Urls) -> list[str]:
     out = [urls] if isinstance(urls, str) else list(urls)
     if not out:
         raise ValueError("urls: give at least one server URL")
     return [u.rstrip("/") for u in out]
 
 
-def _headers(api_key: str | None) -> dict[str, str]:
+def admin_headers(api_key: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
 
@@ -68,11 +68,11 @@ def _split(action: str, urls: list[str], outcomes: list[Any]) -> dict[str, Any]:
 
 def post_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None, timeout: float) -> dict[str, Any]:
     """POST ``body`` to ``path`` on every server at once; each server's reply, or ``FleetError``."""
-    servers = _url_list(urls)
+    servers = url_list(urls)
 
     def one(url: str) -> Any:
         try:
-            response = httpx.post(f"{url}{path}", json=body, headers=_headers(api_key), timeout=timeout)
+            response = httpx.post(f"{url}{path}", json=body, headers=admin_headers(api_key), timeout=timeout)
             raise_for_status(response)
             return response.json()
         except Exception as exc:  # reported per server in FleetError
@@ -85,8 +85,8 @@ def post_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: 
 async def apost_all(action: str, urls: Urls, path: str, body: dict[str, Any], api_key: str | None,
                     timeout: float) -> dict[str, Any]:
     """``post_all`` for asyncio callers."""
-    servers = _url_list(urls)
-    async with httpx.AsyncClient(timeout=timeout, headers=_headers(api_key)) as http:
+    servers = url_list(urls)
+    async with httpx.AsyncClient(timeout=timeout, headers=admin_headers(api_key)) as http:
         async def one(url: str) -> Any:
             response = await http.post(f"{url}{path}", json=body)
             raise_for_status(response)

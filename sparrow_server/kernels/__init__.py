@@ -2,3 +2,10 @@
 
 ``reference`` imports on any machine; ``sparse_decode`` needs Triton and a CUDA GPU.
 """
+
+# Selection kernels of ``sparse_decode`` (same pages, different speed; issue 24): ``v1`` the
+# gpu_call14 kernels, ``split`` an even score split (v1's top-k), ``even`` that + top-k tiers past
+# 2048, ``hist`` ``split`` with histogram radix rounds. Here so that the plug-in's settings can
+# check a name without Triton.
+SELECT_VARIANTS = ("v1", "split", "even", "hist")
+DEFAULT_SELECT_VARIANT = "v1"

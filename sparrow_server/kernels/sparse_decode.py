@@ -8,9 +8,12 @@ candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages
   then every candidate page's landmark of each KV head dotted with the mean query of that head's
   group, written to ``[cand_lo, cand_hi)`` of the row only.
 - ``select_and_write``: per (request, KV head) row: exact top-k over the candidate scores (radix
-  search on order-preserving integer keys, the row held in registers at the smallest of three tile
-  sizes that fits it, ties to the earlier page, as ``select_pages``)
+  search on order-preserving integer keys, the row held in registers at the smallest tile size
+  that fits it, ties to the earlier page, as ``select_pages``)
   and the FlashInfer page ids of sink + top-k + recent pages into the decode wrapper's index buffer.
+Both take ``variant`` (SELECT_VARIANTS; default DEFAULT_SELECT_VARIANT; the server passes its
+plug-in setting ``SPARROW_SELECT_VARIANT``): how scoring splits a row across programs and which
+register tiers top-k has. Same pages either way.
 Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
@@ -19,12 +22,28 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 
-SCORE_PROGRAMS = 64   # programs per request of ``page_scores`` (each strides over the candidate pages)
+SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
+SCORE_PROGRAMS_MAX = 128  # split grid (all but v1): most programs per request (one tile each up to 4096 candidates)
 SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
+# Split grid: register cap of the score kernel. Unbounded it takes 94 registers (sm_90, offline
+# compile), so 2 programs of 8 warps fit an SM; v1's takes 80 (3 programs): the cap keeps v1's
+# occupancy (16-byte stack, as v1's) so the two grids compare like for like.
+SCORE_MAXNREG = 80
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
+SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
+# SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
+# 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
+# split each row evenly, v1's top-k. ``even``: ``split`` whose top-k tiers step by SELECT_TAILS
+# past 2048 (a second register block: fewer lanes than 4096, but its own block-wide reduction per
+# round). ``hist``: ``split`` whose register tiers find the k-th key in 4 rounds of a 256-bin
+# histogram instead of 16 rounds of 2-bit compares. Offline sm_90 SASS of one tier (instructions
+# per thread / barriers): v1 2048 lanes 2472 / 69, 4096 lanes 4096 / 71; even 2048 + 256 lanes
+# 3208 / 141; hist 2048 lanes 1336 / 47, 4096 lanes 2256 / 47, plus one shared-memory atomic per
+# live key and round (contended if many keys share a digit). All select ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -62,52 +81,109 @@ def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: 
 
 
 @triton.jit
+def _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, end, H: tl.constexpr,
+                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Scores of candidate pages ``[start, min(start + BLOCK_P, end))`` of request ``b``, every KV head."""
+    d = tl.arange(0, D)
+    j = start + tl.arange(0, BLOCK_P)
+    cand = j < end
+    slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
+    page = slot // PS
+    for h in tl.static_range(H):
+        qs = tl.zeros([D], dtype=tl.float32)
+        for g in tl.static_range(G):
+            qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+        lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
+        sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
+        sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)                                # NaN: lowest candidate
+        sc = tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
+        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
+
+
+@triton.jit
 def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
                   H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
-                  NPROG: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr):
+                  NPROG: tl.constexpr, EVEN: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr):
     b = tl.program_id(0)
     p = tl.program_id(1)
     if UPDATE:
         # This step's token completes a page: its landmark, before it can become a candidate
-        # (the partial page is always a recent page, never scored).
-        if p == 0:
+        # (the partial page is always a recent page, never scored). The split grid gives it to the
+        # last program, idle unless the row needs every program, so no scoring program runs it first.
+        if EVEN:
+            mine = p == NPROG - 1
+        else:
+            mine = p == 0
+        if mine:
             loc = tl.load(loc_ptr + b).to(tl.int64)
             _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
-    d = tl.arange(0, D)
-    for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
-        j = start + tl.arange(0, BLOCK_P)
-        cand = j < hi
-        slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
-        page = slot // PS
-        for h in tl.static_range(H):
-            qs = tl.zeros([D], dtype=tl.float32)
-            for g in tl.static_range(G):
-                qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
-            lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
-            sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
-            sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)                                # NaN: lowest candidate
-            sc = tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
-            tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
+    if EVEN:
+        _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
+                         H, G, D, PS, BLOCK_P, NPROG)
+    else:
+        for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
+            _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, hi, H, G, D, PS, BLOCK_P)
+
+
+@triton.jit
+def _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi, H: tl.constexpr,
+                     G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                     NPROG: tl.constexpr):
+    """Program ``p``'s share of the row: the row's ``n`` candidates go to ``m = ceil(n / BLOCK_P)``
+    programs (at most NPROG) in contiguous spans of ``n // m`` or ``n // m + 1`` pages, so a row just
+    past a multiple of BLOCK_P costs one more concurrent program, not a second tile in series.
+    Past NPROG * BLOCK_P candidates a span takes several tiles, of equal size (none nearly empty)."""
+    n = hi - lo
+    m = tl.minimum(tl.cdiv(n, BLOCK_P), NPROG)
+    if p < m:
+        a = lo + (p * n) // m
+        e = lo + ((p + 1) * n) // m
+        tiles = tl.cdiv(e - a, BLOCK_P)
+        size = tl.cdiv(e - a, tiles)
+        for t in range(tiles):
+            start = a + t * size
+            _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
+                        tl.minimum(start + size, e), H, G, D, PS, BLOCK_P)
+
+
+def _variant(variant: str | None) -> str:
+    variant = DEFAULT_SELECT_VARIANT if variant is None else variant
+    if variant not in SELECT_VARIANTS:
+        raise ValueError(f"selection variant {variant!r}: expected one of {SELECT_VARIANTS}")
+    return variant
+
+
+def score_programs(pcap: int, variant: str | None = None) -> int:
+    """Programs per request of ``page_scores``: static (a server's Pcap), so CUDA-graph safe. The
+    split grid (every variant but v1) is sized to the longest row the server can hold, so every row
+    gets one tile per program."""
+    if _variant(variant) == "v1":
+        return SCORE_PROGRAMS
+    return max(1, min(SCORE_PROGRAMS_MAX, triton.cdiv(pcap, SCORE_BLOCK_P)))
 
 
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
                 cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, k_buf: Tensor | None = None,
-                cache_loc: Tensor | None = None) -> Tensor:
+                cache_loc: Tensor | None = None, variant: str | None = None) -> Tensor:
     """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
 
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
-    each page that slot completes. Returns out."""
+    each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
+    Returns out."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     update = k_buf is not None
-    _score_kernel[(b, SCORE_PROGRAMS)](
+    variant = _variant(variant)
+    nprog = score_programs(out.shape[1], variant)
+    _score_kernel[(b, nprog)](
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
         req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1],
-        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=SCORE_PROGRAMS, UPDATE=update,
-        LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8)
+        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1",
+        UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8,
+        **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out
 
 
@@ -123,7 +199,8 @@ def _ukey(scores_ptr, j, m):
 @triton.jit
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
-                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr):
+                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
+                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -148,13 +225,34 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS)
         elif hi - lo <= MEDIUM:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 0, BITS)
+        elif TAILS:
+            _topk_past_medium(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK,
+                              TAIL_A, TAIL_B, TAIL_C, BITS)
         elif hi - lo <= LARGE:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 2)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, LARGE, 0, BITS)
         else:
             _topk_streamed(scores, lo, hi, k, row, out + s, h, H, PS, CHUNK)
+
+
+@triton.jit
+def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+                      LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+                      TAIL_C: tl.constexpr, BITS: tl.constexpr):
+    """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
+    the tail, not a step to LARGE), then LARGE, then streamed."""
+    if hi - lo <= MEDIUM + TAIL_A:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS)
+    elif hi - lo <= MEDIUM + TAIL_B:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS)
+    elif hi - lo <= MEDIUM + TAIL_C:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS)
+    elif hi - lo <= LARGE:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
+    else:
+        _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
@@ -167,24 +265,76 @@ def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
 
 
 @triton.jit
+def _count_at_least(key, thr):
+    """[NT] counts of ``key`` >= each threshold."""
+    return tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
+    """Write the page ids of the keys above ``prefix`` and of the first ``need`` equal to it (after
+    ``n_eq`` equal ones before this block), at ranks from ``n_taken``: page order. Returns the
+    running (n_eq, n_taken)."""
+    eq = key == prefix
+    take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+    rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+    return n_eq + tl.sum(eq.to(tl.int32), axis=0), n_taken + tl.sum(take.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
-                       BITS: tl.constexpr):
-    """Top-k of a row of at most ROW candidates, its keys loaded once; BITS per round (32 / BITS rounds
-    of ROW x 2**BITS compares, one reduction each: few registers)."""
+                       TAIL: tl.constexpr, BITS: tl.constexpr):
+    """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
+    block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
+    per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
+    rounds of a 256-bin histogram of the keys still in the running)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
+    if TAIL > 0:
+        j2 = lo + ROW + tl.arange(0, TAIL)
+        key2 = _ukey(scores, j2, j2 < hi)
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     for rnd in tl.static_range(32 // BITS):
         shift = 32 - BITS * (rnd + 1)
-        counts = tl.sum((key[:, None] >= (prefix + ((c + 1) << shift))[None, :]).to(tl.int32), axis=0)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
-    eq = key == prefix
-    take = (key > prefix) | (eq & (tl.cumsum(eq.to(tl.int32), axis=0) <= k - n_gt))
-    rank = tl.cumsum(take.to(tl.int32), axis=0) - 1
-    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    tl.store(out + rank, slot * H + h, mask=take)
+        if BITS == 8:
+            hist = _bucket_histogram(key, prefix, shift)
+            if TAIL > 0:
+                hist += _bucket_histogram(key2, prefix, shift)
+            prefix, n_gt = _histogram_round(hist, k, n_gt, prefix, shift)
+        else:
+            thr = prefix + ((c + 1) << shift)
+            counts = _count_at_least(key, thr)
+            if TAIL > 0:
+                counts += _count_at_least(key2, thr)
+            prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+    zero = tl.zeros([], tl.int32)
+    n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+    if TAIL > 0:
+        _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+
+
+@triton.jit
+def _bucket_histogram(key, prefix, shift):
+    """[256] counts of the next 8-bit digit (at ``shift``) of the keys whose higher bits equal
+    ``prefix``'s (all valid keys in the first round, ``shift`` 24)."""
+    live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+    return tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=live)
+
+
+@triton.jit
+def _histogram_round(hist, k, n_gt, prefix, shift):
+    """One 8-bit round: the digit holding the k-th largest key among the live ones (``k - n_gt``-th
+    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket)."""
+    need = k - n_gt
+    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # live keys with digit >= c
+    sel = tl.sum((at_least >= need).to(tl.int32), axis=0) - 1       # falls with c; >= need at c = 0
+    c = tl.arange(0, 256)
+    above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
+    return prefix + (sel.to(tl.int64) << shift), n_gt + above
 
 
 @triton.jit
@@ -199,36 +349,31 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
         thr = prefix + ((c16 + 1) << shift)
         counts = tl.zeros([16], tl.int32)
         for j0 in range(lo, hi, CHUNK):
-            key = _ukey(scores, j0 + offs, j0 + offs < hi)
-            counts += tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
+            counts += _count_at_least(_ukey(scores, j0 + offs, j0 + offs < hi), thr)
         prefix, n_gt = _radix_round(counts, k, prefix, shift, 16)
     # keys above the threshold, then the earliest equal ones; output in page order
-    need = k - n_gt
     n_eq = tl.zeros([], tl.int32)
     n_taken = tl.zeros([], tl.int32)
     for j0 in range(lo, hi, CHUNK):
         j = j0 + offs
-        key = _ukey(scores, j, j < hi)
-        eq = key == prefix
-        take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-        rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
-        slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-        tl.store(out + rank, slot * H + h, mask=take)
-        n_eq += tl.sum(eq.to(tl.int32), axis=0)
-        n_taken += tl.sum(take.to(tl.int32), axis=0)
+        n_eq, n_taken = _write_taken(_ukey(scores, j, j < hi), j, prefix, k - n_gt, n_eq, n_taken, row, out,
+                                     h, H, PS)
 
 
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
                      count: Tensor, sink: Tensor, k: Tensor, cand_lo: Tensor, cand_hi: Tensor, row_indptr: Tensor,
-                     num_kv_heads: int, page_size: int, out: Tensor) -> None:
+                     num_kv_heads: int, page_size: int, out: Tensor, variant: str | None = None) -> None:
     """Exact top-k + index writing, one program per (request, KV head) row.
 
     scores: [rows, Pcap] float32, read on ``[cand_lo, cand_hi)`` only. Each row gets sink pages,
     its ``k`` best candidate pages (ties -> earlier page, as ``select_pages``) in ascending page
     order, then the recent pages. No static top-k width, so any budget up to the sequence fits.
+    ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     """
     rows, pcap = scores.shape
+    variant = _variant(variant)
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                             SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                            num_warps=16)
+                            TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
+                            TAILS=variant == "even", BITS=8 if variant == "hist" else 2, num_warps=16)

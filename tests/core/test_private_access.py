@@ -31,6 +31,18 @@ ALLOWED = {
     # build its side the same way to meet the trainer's.
     ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _new_process_group_helper"),
     ("engine/reference/process_group.py", "from torch.distributed.distributed_c10d import _world"),
+    # The trainer's side of the same group (rank 0), as SGLang's init_custom_process_group builds it.
+    ("client/trainer_group.py", "from torch.distributed.distributed_c10d import _new_process_group_helper"),
+    ("client/trainer_group.py", "from torch.distributed.distributed_c10d import _world"),
+    # Per-request dense layers under CUDA graphs: each layer decodes through its own shallow copy of
+    # FlashInfer's decode wrapper, with its own workspace and row pointers, and the step's plan copied
+    # in. FlashInfer's BatchDecodeWithPagedKVCacheWrapper has no public way to give a copy its own
+    # buffers or plan (names checked against flashinfer 0.6.15.post1, the version the kit installs).
+    ("sglang_plugin/scheduler/layer_plans.py", "view._int_workspace_buffer"),
+    ("sglang_plugin/scheduler/layer_plans.py", "view._pin_memory_int_workspace_buffer"),
+    ("sglang_plugin/scheduler/layer_plans.py", "view._paged_kv_indptr_buf"),
+    ("sglang_plugin/scheduler/layer_plans.py", "slot._plan_info"),
+    ("sglang_plugin/scheduler/layer_plans.py", "decode.wrapper._plan_info"),
 }
 REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from helpers.server_util import REPO, CharTokenizer, ServerProcess
+from helpers.server_util import REPO, CharTokenizer, ServerProcess, free_port
 from helpers.tiny_models import load_plain, save_tiny_model, teacher_forced_logprobs
 from sparrow_server.client import SparrowClient
 
@@ -15,7 +15,7 @@ sys.path.insert(0, str(REPO / "examples"))
 import grpo_loop  # noqa: E402
 from grpo.fleet_sync import DEMO_SCHEDULE_NAME  # noqa: E402
 from grpo.objective import group_advantages  # noqa: E402
-from grpo.tasks import Problem, exact_match_reward, last_integer  # noqa: E402
+from grpo.tasks import Problem, arithmetic_problems, exact_match_reward, last_integer  # noqa: E402
 
 LR = 1e-2  # large enough that the updated weights are told apart from the initial ones
 
@@ -75,6 +75,28 @@ def test_two_steps_close_the_loop(server, model_dir, tmp_path):
     assert max(abs(a - b) for a, b in zip(served.logprobs, initial)) > 1e-3
 
 
+def test_distributed_weight_sync_closes_the_loop(server, model_dir, tmp_path):
+    """``--weight-sync distributed --sync-backend gloo``: the policy's parameters go over a process group
+    (``sparrow_server.client.weight_broadcast``), no checkpoint is written, and the server then serves
+    the trainer's weights."""
+    cfg = config(server, tmp_path, weight_sync="distributed", sync_backend="gloo", master_port=free_port())
+    model = load_plain(model_dir, attn="sdpa")
+    logs = grpo_loop.run_loop(cfg, model, CharTokenizer(), letter_variety, echo=lambda _: None)
+
+    assert [x.sampled_weight_versions for x in logs] == [("0",), ("1",)]
+    assert all(x.grad_norm > 0 and x.kv_budget_tokens_mean < 60 for x in logs)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    prompt = [0, 5, 9, 17, 33, 2, 70, 11]
+    with SparrowClient(server.url) as client:
+        served = client.rollout(input_ids=prompt, schedule="dense", sampling_params={"max_new_tokens": 8, "seed": 3})
+    assert served.meta.weight_version == "2"
+    with torch.no_grad():
+        trained = teacher_forced_logprobs(model.eval(), prompt, served.token_ids)
+        initial = teacher_forced_logprobs(load_plain(model_dir), prompt, served.token_ids)
+    assert max(abs(a - b) for a, b in zip(served.logprobs, trained)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(served.logprobs, initial)) > 1e-3
+
+
 def test_generate_transport_and_dense_tis(server, model_dir, tmp_path):
     """/generate (the router's route) with the schedule in custom_params; with the dense schedule the
     trainer's dense logprobs equal the server's, so every TIS weight and acceptance is 1."""
@@ -114,11 +136,32 @@ def test_advantages_and_reward():
     assert exact_match_reward("The answer is 41.", problem) == 0.0 and last_integer("none") is None
 
 
+def test_context_examples_lengthen_the_questions_and_keep_the_answers():
+    bare, long = arithmetic_problems(8, 3), arithmetic_problems(8, 3, context_examples=48)
+    assert [p.answer for p in long] == [p.answer for p in bare]  # same questions, same seed
+    assert all(lp.question.endswith(bp.question) and len(lp.question.splitlines()) == 49 for lp, bp in zip(long, bare))
+    assert len({lp.question.splitlines()[0] for lp in long}) > 1  # each question has its own examples
+    assert arithmetic_problems(8, 3, context_examples=48) == long
+    for line in long[0].question.splitlines()[:-1]:
+        a, b, s = map(int, line.replace("+", " ").replace("=", " ").split())
+        assert a + b == s
+    with pytest.raises(ValueError, match="context_examples = -1"):
+        arithmetic_problems(2, 0, context_examples=-1)
+
+
 def test_config_names_the_bad_field(tmp_path):
     with pytest.raises(ValueError, match="samples_per_prompt = 1"):
         grpo_loop.LoopConfig(servers=("http://x",), samples_per_prompt=1)
     with pytest.raises(ValueError, match="servers"):
         grpo_loop.LoopConfig(servers=())
+    with pytest.raises(ValueError, match="weight_sync = 'nfs'"):
+        grpo_loop.LoopConfig(servers=("http://x",), weight_sync="nfs")
+    with pytest.raises(ValueError, match="device = 'cpu'"):
+        grpo_loop.LoopConfig(servers=("http://x",), weight_sync="distributed", sync_backend="nccl")
+    parsed = grpo_loop.parse_args(["--server", "http://x", "--device", "cuda:0", "--weight-sync", "distributed",
+                                   "--sync-backend", "nccl", "--master-port", "29700"])
+    assert (parsed.device, parsed.weight_sync, parsed.sync_backend, parsed.master_port) == \
+        ("cuda:0", "distributed", "nccl", 29700)
 
 
 def test_batched_dense_logprobs_match_per_sequence_forward():

@@ -21,6 +21,7 @@ from sparrow_server.sparsity.schedule import dense_schedule
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
+VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -50,10 +51,10 @@ def _landmarks(case, dtype):
     return lm
 
 
-def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None):
+def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None, variant=None):
     budgets = [int(s.budgets_tokens[0]) // PS for s in schedules if s.budgets_tokens]
     plan = plan_for(case, schedules, topk_cap_pages=max(budgets, default=1))
-    return SparseSelection(K, case, plan, _landmarks(case, lm_dtype), pcap or int(plan.n_pages.max()))
+    return SparseSelection(K, case, plan, _landmarks(case, lm_dtype), pcap or int(plan.n_pages.max()), variant)
 
 
 @pytest.mark.parametrize("only_full", [True, False])
@@ -68,28 +69,31 @@ def test_landmark_kernel_matches_reference(K, only_full):
     assert (got != 7.0).any(dim=(1, 2)).sum() == (want != 7.0).any(dim=(1, 2)).sum() > 0
 
 
-def test_decode_scoring_updates_the_completed_page_landmark(K):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_scoring_updates_the_completed_page_landmark(K, variant):
     """The decode path's score launch first writes the landmark of the page this step's slot
-    completes; a slot inside a page leaves its landmark alone."""
+    completes (one program of several does it); a slot inside a page leaves its landmark alone."""
     case = _case([40, 70], seed=9)
     lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0)
     want = lm.clone()
     locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
     R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
     zero = torch.zeros(2, dtype=torch.int32)
-    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 8),
-                  k_buf=case.k_buf, cache_loc=locs)
+    assert K.score_programs(100, variant) > 1
+    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 100),
+                  k_buf=case.k_buf, cache_loc=locs, variant=variant)
     torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
     assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
-def test_scores_on_the_candidate_range_only(K, lm_dtype):
+def test_scores_on_the_candidate_range_only(K, lm_dtype, variant):
     """Scores equal ``reference.page_scores`` on ``[cand_lo, cand_hi)`` of each row; every other
     entry of the buffer (dense rows' included) is left as it was."""
     case = _case([5000, 1200, 40, 3000], seed=2)
     s = fixed_budget_schedule(32)
-    sel = _selection(K, case, [s, s, s, dense_schedule()], lm_dtype, pcap=400)
+    sel = _selection(K, case, [s, s, s, dense_schedule()], lm_dtype, pcap=400, variant=variant)
     sel.scores.fill_(OUTSIDE)
     got = sel.score().clone()
     f = sel.fields
@@ -134,6 +138,86 @@ def test_selection_in_every_tier(K, scores):
         sel.scores.copy_(ties)
     sel.select_write()
     assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+# Issue 24: rows on each side of 2048 (where ``v1`` steps to its 4096 tier and to a second score
+# tile), of ``even``'s tail tiers (2048 + 256 / 512 / 1024), of 4096 (streamed past it), a short
+# row and a dense row, in one batch. Candidates = pages - 3; each length ends inside its last page.
+SPLIT_CANDIDATES = [2047, 2048, 2049, 2304, 2305, 2560, 2561, 3071, 3072, 3073, 4096, 4097, 300]
+SPLIT_BUDGETS = [256, 256, 256, 2300, 40, 256, 2561, 256, 3000, 1500, 256, 4000, 30]
+# Scoring (slow interpreted): one tile per span at the server's Pcap (first batch); several at a
+# Pcap whose grid is capped at SCORE_PROGRAMS_MAX (second).
+SCORE_BATCHES = [([2047, 2049, 2305, 300], None), ([4097, 33], 6000)]
+
+
+def _split_case(candidates, budgets):
+    """Rows of ``candidates`` (sparse, ``budgets`` pages) plus a dense row, 2 KV heads, on dyadic
+    queries (landmarks: ``_dyadic``): every score is exact in fp32 whatever the summation order,
+    so kernel and reference scores are equal and the selections must be too (ties included)."""
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in candidates] + [700]
+    case = _case(lengths, seed=24, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    case.q.copy_(torch.round(case.q * 8) / 8)
+    return case, [fixed_budget_schedule(b) for b in budgets] + [dense_schedule()]
+
+
+def _dyadic(sel):
+    sel.lm.copy_(torch.round(sel.lm * 8) / 8)
+    return sel
+
+
+@pytest.mark.parametrize("variant", ["v1", "even"])  # "split" and "hist" score as "even" does
+@pytest.mark.parametrize("candidates,pcap", SCORE_BATCHES)
+def test_split_rows_scored_once_and_selected(K, variant, candidates, pcap):
+    """Every candidate of every row scored (= ``reference.page_scores``), nothing else written, and
+    the selection on those scores is ``select_pages``' on the reference scores."""
+    case, schedules = _split_case(candidates, [min(256, c // 2) for c in candidates])
+    sel = _dyadic(_selection(K, case, schedules, torch.float32, pcap=pcap, variant=variant))
+    sel.scores.fill_(OUTSIDE)
+    got = sel.score().clone()
+    f = sel.fields
+    want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS,
+                         sel.scores.shape[1])
+    inside = torch.isfinite(want)
+    assert int(inside.sum()) == 2 * sum(candidates)
+    assert torch.equal(got[inside], want[inside])
+    assert (got[~inside] == OUTSIDE).all()
+    sel.scores.copy_(want)
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+@pytest.mark.parametrize("scores", ["landmarks", "edges"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_split_rows_select_select_pages(K, variant, scores):
+    """Each SPLIT_CANDIDATES row (every top-k tier of both variants, either side of its bound)
+    selects exactly ``select_pages``' pages: on reference landmark scores, or on few distinct values
+    where each row's first and last candidates are the best (``edges``: a tier that drops a lane
+    at either end loses a page)."""
+    case, schedules = _split_case(SPLIT_CANDIDATES, SPLIT_BUDGETS)
+    sel = _dyadic(_selection(K, case, schedules, torch.float32, variant=variant))
+    cands = (sel.plan.cand_hi - sel.plan.cand_lo)[sel.plan.k > 0]
+    assert sorted(int(c) for c in cands) == sorted(SPLIT_CANDIDATES)
+    f = sel.fields
+    if scores == "landmarks":
+        want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS,
+                             sel.scores.shape[1])
+    else:
+        want = torch.randint(0, 3, sel.scores.shape, generator=torch.Generator().manual_seed(24)).float() - 1.0
+        want[:, ::7] = -0.0
+        rows = torch.arange(sel.scores.shape[0])
+        lo, hi = (f[name].long().repeat_interleave(sel.h) for name in ("cand_lo", "cand_hi"))
+        want[rows, lo] = 2.0
+        want[rows, (hi - 1).clamp(min=0)] = 2.0
+    sel.scores.copy_(want)
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+def test_variants_are_the_module_s():
+    """The cases above run every selection variant the kernels offer."""
+    from sparrow_server.kernels import sparse_decode
+
+    assert VARIANTS == sparse_decode.SELECT_VARIANTS
 
 
 def test_selection_ties_go_to_the_earlier_page(K):

@@ -23,7 +23,7 @@ from sparrow_server.sglang_plugin.frontend.host import mount_sparrow, serve_weig
 from sparrow_server.sglang_plugin.scheduler.planning import plan_step
 from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
-from sparrow_server.sparsity.schedule import ScheduleError, parse_schedule_text, schedule_from_dict
+from sparrow_server.sparsity.schedule import parse_schedule_text, schedule_from_dict
 
 SPARSE = "qwen3-1.7b-0.86"
 
@@ -366,9 +366,10 @@ def test_verification_across_a_weight_update_is_dropped_not_scored():
     assert "StaleVerificationError" in out["meta"]["acceptance_error"] and verifier.stale == 1
 
 
-def test_schedules_needing_other_dense_layers_are_refused_not_run_sparse(monkeypatch, tmp_path):
-    """The backend runs one set of dense layers for every request (the default schedule's): a
-    schedule that keeps another layer dense is a 422 on PUT /schedules and on /rollout."""
+def test_schedules_with_other_dense_layers_are_accepted(monkeypatch, tmp_path):
+    """The backend honours a request's extra dense layers (dense by budget on the server's sparse layers)
+    and runs the server's dense layers dense for everyone: schedules with more or fewer dense layers are
+    accepted on PUT /schedules and /rollout."""
     from sparrow_server.sglang_plugin.config import ENV_DEFAULT_SCHEDULE, ENV_SCHEDULE_DIR
 
     monkeypatch.setenv(ENV_DEFAULT_SCHEDULE, SPARSE)
@@ -378,28 +379,29 @@ def test_schedules_needing_other_dense_layers_are_refused_not_run_sparse(monkeyp
     more = {"budgets_tokens": [512], "dense_layers": [0, 1, 5]}
     fewer = {"budgets_tokens": [512], "dense_layers": [0]}
     with TestClient(outer) as client:
-        r = client.put("/schedules/more-dense", json=more)
-        assert r.status_code == 422 and r.json()["error"]["field"] == "dense_layers" and "[5]" in r.json()["detail"]
-        assert client.put("/schedules/fewer-dense", json=fewer).status_code == 200  # runs denser than asked: safe
+        assert client.put("/schedules/more-dense", json=more).status_code == 200
+        assert client.put("/schedules/fewer-dense", json=fewer).status_code == 200
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
-        assert client.post("/rollout", json={**body, "schedule": "fewer-dense"}).status_code == 200
-        assert client.post("/rollout", json={**body, "schedule": "dense"}).status_code == 200
-    refused = schedule_from_dict({**more, "name": "m"})  # e.g. registered before the server's default changed
-    with pytest.raises(ScheduleError, match="keeps layers \\[5\\] dense"):
-        engine.validate(GenerationRequest(rid="m", input_ids=(1,), schedule=refused))
+        for name in ("more-dense", "fewer-dense", "dense"):
+            assert client.post("/rollout", json={**body, "schedule": name}).status_code == 200, name
+    engine.validate(GenerationRequest(rid="m", input_ids=(1,), schedule=schedule_from_dict({**more, "name": "m"})))
 
 
-def test_scheduler_warns_once_about_a_schedule_it_cannot_honour(caplog):
+def test_scheduler_notes_once_a_schedule_that_runs_denser_than_asked(caplog):
+    """Extra dense layers are honoured (nothing logged); fewer than the server's run dense: logged once."""
     from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable
 
     table = ScheduleTable(8, default=ScheduleRegistry().get(SPARSE))
-    odd = schedule_from_dict({"name": "odd", "budgets_tokens": [512], "dense_layers": [3]})
-    with caplog.at_level("WARNING"):
-        table.assign(1, odd, 10)
-        table.assign(2, odd, 10)
-        table.assign(3, ScheduleRegistry().get("dense"), 10)
-    assert [r.getMessage() for r in caplog.records if "layers [3]" in r.getMessage()] != []
-    assert len([r for r in caplog.records if "odd" in r.getMessage()]) == 1
+    more = schedule_from_dict({"name": "more", "budgets_tokens": [512], "dense_layers": [0, 1, 3]})
+    fewer = schedule_from_dict({"name": "fewer", "budgets_tokens": [512], "dense_layers": [1]})
+    with caplog.at_level("INFO"):
+        table.assign(1, more, 10)
+        table.assign(2, fewer, 10)
+        table.assign(3, fewer, 10)
+        table.assign(4, ScheduleRegistry().get("dense"), 10)
+    notes = [r.getMessage() for r in caplog.records if "sparrow_server" in r.name]
+    assert not [m for m in notes if "more@" in m]
+    assert len([m for m in notes if "fewer@" in m and "layers [0]" in m]) == 1, notes
 
 
 def test_app_is_built_before_sglang_is_up():

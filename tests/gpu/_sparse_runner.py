@@ -11,10 +11,11 @@ from sparrow_server.sglang_plugin.scheduler.planning import StepPlan
 class SparseLayer(SparseSelection):
     """Plans once (eager FlashInfer plan) and runs select + attend for one layer's pool."""
 
-    def __init__(self, case, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor):
+    def __init__(self, case, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
+                 variant: str | None = None):
         import flashinfer
 
-        super().__init__(K, case, plan, landmarks, pcap)
+        super().__init__(K, case, plan, landmarks, pcap, variant)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
         self.wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices, torch.from_numpy(plan.last_page_len),
                           self.g, 1, case.q.shape[2], case.page_size, data_type=case.k_buf.dtype,

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.gpu
 
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
+VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (tests/engine/sparse_kernel_cases.py checks)
 
 
 def _rel(a, b):
@@ -29,11 +30,11 @@ def _landmarks(case, dtype):
     return lm
 
 
-def _layer(case, plan, lm, pcap):
+def _layer(case, plan, lm, pcap, variant=None):
     from _sparse_runner import SparseLayer
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    return SparseLayer(case, plan, lm, pcap, ws)
+    return SparseLayer(case, plan, lm, pcap, ws, variant)
 
 
 def test_landmark_kernel_matches_reference():
@@ -74,8 +75,9 @@ def test_scores_and_indices_match_reference(lm_dtype):
         assert sorted(layer.indices[a:b].tolist()) == sorted(want_idx[a:b].tolist())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("lengths,budget", [([600, 40, 300, 17, 32768, 1000], 64), ([2048, 4100, 17, 16], 8)])
-def test_selection_is_select_pages_at_40k_context(lengths, budget):
+def test_selection_is_select_pages_at_40k_context(lengths, budget, variant):
     """A server at --context-length 40960 (Pcap 2560) with short sequences: the selected pages, in
     index order, are exactly ``select_pages``' (sink, top-k ascending, recent), whatever Pcap."""
     from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
@@ -83,8 +85,36 @@ def test_selection_is_select_pages_at_40k_context(lengths, budget):
     case = make_case(lengths, seed=7, max_ctx=40960)
     s = fixed_budget_schedule(budget)
     plan = plan_for(case, [s] * len(lengths), topk_cap_pages=budget)
-    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=40960 // PS)
+    layer = _layer(case, plan, _landmarks(case, torch.bfloat16), pcap=40960 // PS, variant=variant)
     layer.score()
+    layer.select_write()
+    assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rows_past_2048_candidates(variant):
+    """Issue 24: rows either side of 2048 candidates (v1's second score tile and 4096 tier), of the
+    2048 + 256/512/1024 tiers, of 4096 (streamed past it), a short row and a dense row, at Qwen3-1.7B
+    shapes: every candidate scored (= ``reference.page_scores``), nothing else written, and the
+    selection is ``select_pages``' on those scores."""
+    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+
+    cands = [2047, 2048, 2049, 2305, 2561, 3073, 4096, 4097, 300]
+    case = make_case([(c + SINK + RECENT) * PS - 5 for c in cands] + [700], seed=24)
+    s = fixed_budget_schedule(256)
+    plan = plan_for(case, [s] * len(cands) + [dense_schedule()], topk_cap_pages=256)
+    lm = _landmarks(case, torch.bfloat16)
+    layer = _layer(case, plan, lm, pcap=int(plan.n_pages.max()), variant=variant)
+    layer.scores.fill_(-123.25)  # no kernel write produces it
+    got = layer.score().cpu()
+    f = {k: v.cpu() for k, v in layer.fields.items()}
+    want = R.page_scores(case.q.cpu(), lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
+                         f["cand_hi"], PS, layer.scores.shape[1])
+    inside = torch.isfinite(want)
+    assert int(inside.sum()) == 8 * sum(cands)
+    torch.testing.assert_close(got[inside], want[inside], rtol=1e-4, atol=1e-3)
+    assert (got[~inside] == -123.25).all()
+    layer.scores[~inside.cuda()] = float("-inf")
     layer.select_write()
     assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
 
@@ -105,9 +135,10 @@ def test_selection_ties_go_to_the_earlier_page():
     assert layer.logical_pages(ordered=True) == layer.want_pages(SINK, RECENT)
 
 
-def test_decode_scoring_updates_the_completed_page_landmark():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_decode_scoring_updates_the_completed_page_landmark(variant):
     """The decode path's score launch first writes the landmark of the page this step's slot
-    completes; a slot inside a page leaves its landmark alone."""
+    completes (one program of several); a slot inside a page leaves its landmark alone."""
     from sparrow_server.kernels import sparse_decode as K
     from helpers.sparse_case import make_case
 
@@ -117,8 +148,8 @@ def test_decode_scoring_updates_the_completed_page_landmark():
     locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
     R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
     zero = torch.zeros(2, dtype=torch.int32, device="cuda")
-    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 8, device="cuda"),
-                  k_buf=case.k_buf, cache_loc=locs)
+    K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 100, device="cuda"),
+                  k_buf=case.k_buf, cache_loc=locs, variant=variant)
     torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
     assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
 

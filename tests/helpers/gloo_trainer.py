@@ -1,11 +1,12 @@
 """A stand-in disaggregated trainer, as slime drives SGLang's weight-update group (THUDM/slime
-``update_weight_from_distributed.py``): rank 0 of a process group it creates with the OpenRLHF/SGLang
-``init_custom_process_group`` recipe (written out here, independently of the server's code), while it
-POSTs ``/init_weights_update_group`` to the server on a thread; each step it POSTs
-``/update_weights_from_distributed`` on a thread while it ``dist.broadcast``s every tensor from rank 0, in
-the order of ``names``.
+``update_weight_from_distributed.py``): rank 0 of a process group it creates with the product's trainer
+side (``sparrow_server.client.trainer_group``, SGLang's ``init_custom_process_group`` written out apart
+from the server's code), while it POSTs ``/init_weights_update_group`` to the server on a thread; each
+step it POSTs ``/update_weights_from_distributed`` on a thread while it ``dist.broadcast``s every tensor
+from rank 0, in the order of ``names``. Unlike ``sparrow_server.client.weight_broadcast`` it can
+misbehave on purpose (other bodies, no POST, stop mid-broadcast), which the failure tests need.
 
-Run as ``python gloo_trainer.py`` (plain Python: torch, safetensors, httpx; no sparrow_server import).
+Run as ``python gloo_trainer.py`` (torch, safetensors, httpx and the product's client).
 It reads one JSON command per line on stdin and answers one JSON line on stdout:
 
 - ``{"op": "init", "url", "port", "world_size", "group_name", "server_body": {...}, "post": true, "group_timeout_s"}``:
@@ -25,24 +26,15 @@ import json
 import sys
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 GROUPS: dict = {}
 
 
 def new_group(port: int, world_size: int, group_name: str, timeout_s: float):
-    """SGLang's ``init_custom_process_group`` (as slime's and OpenRLHF's copies): rank 0, gloo."""
-    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+    from sparrow_server.client.trainer_group import open_trainer_group
 
-    timeout = timedelta(seconds=timeout_s)
-    store, rank, world_size = next(rendezvous(f"tcp://127.0.0.1:{port}", 0, world_size, timeout=timeout))
-    store.set_timeout(timeout)
-    store = PrefixStore(group_name, store)
-    group, _ = _new_process_group_helper(world_size, rank, [], Backend("gloo"), store, group_name=group_name,
-                                         backend_options=None, timeout=timeout)
-    _world.pg_group_ranks[group] = {i: i for i in range(world_size)}
-    return group
+    return open_trainer_group("127.0.0.1", port, world_size, group_name, "gloo", timeout_s)
 
 
 class Post:
@@ -110,10 +102,10 @@ def update(cmd: dict) -> dict:
     import torch
     import torch.distributed as dist
 
+    from sparrow_server.client.weight_broadcast import update_body
+
     tensors, name = tensors_of(cmd["ckpt"]), cmd["group_name"]
-    body = {"names": list(tensors), "dtypes": [str(t.dtype).removeprefix("torch.") for t in tensors.values()],
-            "shapes": [list(t.shape) for t in tensors.values()], "group_name": name, "flush_cache": True,
-            "abort_all_requests": False, **({"load_format": "flattened_bucket"} if cmd.get("flattened") else {}),
+    body = {**update_body(name, tensors), **({"load_format": "flattened_bucket"} if cmd.get("flattened") else {}),
             **cmd.get("body", {})}
     post = Post(f"{cmd['url']}/update_weights_from_distributed", body) if cmd.get("post", True) else None
     stop_after = cmd.get("stop_after")

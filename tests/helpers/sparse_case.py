@@ -74,8 +74,10 @@ class SparseSelection:
     ``sparse_decode`` module: the real one, or a copy loaded under the Triton interpreter), on the
     case's device."""
 
-    def __init__(self, kernels, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int):
+    def __init__(self, kernels, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int,
+                 variant: str | None = None):
         self.K, self.case, self.plan, self.lm = kernels, case, plan, landmarks
+        self.variant = variant  # ``sparse_decode.SELECT_VARIANTS``; None: the module's default
         b, h = plan.batch_size, plan.num_kv_heads
         device = case.q.device
         self.h, self.g = h, case.q.shape[1] // h
@@ -92,12 +94,14 @@ class SparseSelection:
         ``cache_loc``, the landmark of the page each slot completes first (the decode path)."""
         c, f = self.case, self.fields
         return self.K.page_scores(c.q, self.lm, c.req_to_token, c.rpi, f["cand_lo"], f["cand_hi"], c.page_size,
-                                  self.scores, k_buf=None if cache_loc is None else c.k_buf, cache_loc=cache_loc)
+                                  self.scores, k_buf=None if cache_loc is None else c.k_buf, cache_loc=cache_loc,
+                                  variant=self.variant)
 
     def select_write(self):
         c, f = self.case, self.fields
         self.K.select_and_write(self.scores, c.req_to_token, c.rpi, f["n_pages"], f["count"], f["sink"], f["k"],
-                                f["cand_lo"], f["cand_hi"], self.row_indptr, self.h, c.page_size, self.indices)
+                                f["cand_lo"], f["cand_hi"], self.row_indptr, self.h, c.page_size, self.indices,
+                                  variant=self.variant)
 
     def logical_pages(self, ordered: bool = False) -> list:
         """Selected logical pages per (request, KV head) row, read back from the index buffer

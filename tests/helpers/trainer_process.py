@@ -3,6 +3,7 @@ every wait has a timeout and a stuck trainer fails the test instead of hanging i
 from __future__ import annotations
 
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import threading
 from pathlib import Path
 
 SCRIPT = Path(__file__).with_name("gloo_trainer.py")
+REPO = Path(__file__).resolve().parents[2]  # the trainer imports the product's client
 START_TIMEOUT_S = 180.0  # importing torch on a loaded 2-core box
 CALL_TIMEOUT_S = 120.0
 
@@ -18,7 +20,8 @@ class TrainerProcess:
     def __init__(self, log_path: Path):
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen([sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, text=True)
+                                     stderr=self.log, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)})
         self.answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         try:

@@ -25,7 +25,7 @@ from sparrow_server.engine.base import (
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
 from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
 from sparrow_server.sparsity import wire
-from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens
+from sparrow_server.sparsity.schedule import Schedule, kv_budget_tokens
 
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
@@ -150,6 +150,8 @@ class SGLangEngine(Engine):
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
         self.topk_cap_pages = cfg.topk_cap_pages
+        # Layers every request runs dense (the stock path). Any schedule runs: a request's extra dense layers
+        # are honoured (dense by budget, scheduler.layer_groups); one with fewer runs these dense too.
         self.dense_layers = cfg.server_dense_layers()
 
     @property
@@ -177,18 +179,6 @@ class SGLangEngine(Engine):
         if request.schedule is not None:
             self.check_schedule(request.schedule)
         self.resolve_adapter(request.adapter)
-
-    def check_schedule(self, schedule: Schedule) -> None:
-        """The backend keeps one set of dense layers for every request (``PluginConfig.server_dense_layers``):
-        a schedule that needs another layer dense would silently run it sparse, so it is refused.
-        A schedule with fewer dense layers runs with the server's (denser than asked: never less accurate)."""
-        super().check_schedule(schedule)
-        missing = sorted(set(schedule.dense_layers) - set(self.dense_layers))
-        if missing and not schedule.is_dense:
-            raise ScheduleError("dense_layers", list(schedule.dense_layers),
-                                f"schedule {schedule.name!r} keeps layers {missing} dense, but this SGLang server runs "
-                                f"them sparse (its dense layers, fixed at start by --default-schedule: "
-                                f"{list(self.dense_layers)}); start the server with a default schedule that has them")
 
     async def submit(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.validate(request)

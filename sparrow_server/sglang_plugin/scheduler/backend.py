@@ -6,6 +6,10 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
 - per decode step, ``planning.plan_step`` turns each request's schedule and length into page
   counts on the host (no device sync) and one FlashInfer plan with one row per
   (request, KV head), G query heads, page size 16, over a per-head strided view of the pool;
+  a request whose schedule keeps one of the server's sparse layers dense attends all its pages
+  there (dense by budget): ``layer_groups`` groups the sparse layers by the requests planned dense
+  on them (one group unless a request asks), and ``layer_plans`` gives each layer its group's
+  fields and FlashInfer plan, in buffers of its own under CUDA graphs;
 - per sparse layer, inside the CUDA graph, two Triton launches (``kernels.sparse_decode``) whose
   work follows each request's page count (not ``--context-length``): ``page_scores`` (landmark
   scoring, the landmark of the page this step completes folded in), then ``select_and_write``
@@ -26,20 +30,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import torch
-from flashinfer import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend, KVWriteLoc
 
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
 from sparrow_server.sglang_plugin.scheduler.hooks import ROWS_ATTR
-from sparrow_server.sglang_plugin.scheduler.planning import (
-    REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step, rank_kv_heads,
+from sparrow_server.sglang_plugin.scheduler.layer_groups import (
+    LayerGroups, extra_dense_layers, group_layers, group_plans,
 )
+from sparrow_server.sglang_plugin.scheduler.layer_plans import EagerLayerPlans, GraphLayerPlans, LayerDecode
+from sparrow_server.sglang_plugin.scheduler.planning import StepPlan, plan_step, rank_kv_heads
 from sparrow_server.sglang_plugin.scheduler.selection_debug import recorder_from_env
 from sparrow_server.sglang_plugin.scheduler.landmarks import kv_cache_region
 
@@ -66,15 +70,18 @@ def _rank_heads(model_runner, local_heads: int) -> tuple[int, ...]:
 class _Step:
     """Device-side view of one decode step's plan, consumed by every sparse layer."""
 
-    plan: StepPlan
-    fields: dict            # REQUEST_FIELDS -> int32 [bs] device tensors
-    row_indptr: torch.Tensor
-    indices: torch.Tensor   # int32 FlashInfer page ids (the wrapper's buffer)
+    plan: StepPlan          # the base plan (every request at its budget), for accounting
+    plans: list             # one StepPlan per layer group (``layer_groups``); plans[0] is ``plan``
+    groups: LayerGroups
+    layers: dict            # sparse layer id -> LayerDecode (its fields, row pointers, wrapper)
+    indices: torch.Tensor   # int32 FlashInfer page ids (the wrappers' buffer)
     scores: torch.Tensor    # [bs * Hkv, Pcap] float32 (each row read on its candidate range only)
-    wrapper: BatchDecodeWithPagedKVCacheWrapper
     rows: np.ndarray        # host: KV row of each request (for the selection debug hook)
     lengths: np.ndarray     # host: tokens attended by each request this step
     real_bs: int
+
+    def plan_of(self, layer: int) -> StepPlan:
+        return self.plans[self.groups.group_of(layer)]
 
 
 class SparrowAttnBackend(FlashInferAttnBackend):
@@ -92,6 +99,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.table = state.table(self.req_to_token.shape[0])
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
+        self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)
@@ -103,30 +111,26 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                    dtype=lm_dtype, device=model_runner.device)
                 for layer in range(first, first + n_layers) if layer not in dense
             }
-        self.eager_wrapper = BatchDecodeWithPagedKVCacheWrapper(self.workspace_buffer, "NHD", backend="fa2")
-        self.graph_wrappers: dict[int, BatchDecodeWithPagedKVCacheWrapper] = {}
+        self.sparse_layers = tuple(sorted(self.landmarks))
+        self._extra: dict[int, frozenset] = {}  # schedule slot -> the sparse layers its schedule keeps dense
+        self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads)
+        self.graph_plans: GraphLayerPlans | None = None
         self.step: _Step | None = None
         self._warned: set[str] = set()
         self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads,  # None unless debugging
                                                     heads=self.kv_heads)
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
-                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d", len(self.landmarks),
-                    sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap, self.num_kv_heads,
-                    list(self.kv_heads), self.group)
+                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s",
+                    len(self.landmarks), sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap,
+                    self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         rows = max_bs * self.num_kv_heads
-        self.g_layout = packed_layout(max_bs, self.num_kv_heads)
-        self.g_meta = torch.zeros(self.g_layout["_total"][1], dtype=torch.int32, device="cuda")
-        self.g_indices = torch.zeros(rows * self.pcap, dtype=torch.int32, device="cuda")
+        self.graph_plans = GraphLayerPlans(self.sparse_layers, max_bs, self.num_kv_heads, self.pcap)
         self.g_scores = torch.empty(rows, self.pcap, dtype=torch.float32, device="cuda")
-
-    def _view(self, meta, layout, name, n):
-        start, _ = layout[name]
-        return meta[start:start + n]
 
     # ---- per-step planning (host) -----------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -177,6 +181,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         schedules = [self.table.schedule_of(int(r)) for r in rows]
         plan = plan_step(schedules, lengths, self.table.prompt_len[rows], self.num_kv_heads, self.page_size,
                          self.topk_cap)
+        groups = group_layers(self._extra_dense(rows), plan.count < plan.n_pages, self.sparse_layers)
+        plans = group_plans(plan, groups)
         if not in_capture:
             self.table.record_step(rows, plan.budget_tokens)
             self._log_step(plan, lengths, real_bs)
@@ -185,38 +191,27 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                 self._warn_once("clamp", f"sparrow: a budget exceeds the top-k cap of {self.topk_cap} pages; "
                                          "clamped (raise SPARROW_TOPK_CAP_TOKENS)")
         nrows = bs * self.num_kv_heads
-        if graph:
-            layout, meta = self.g_layout, self.g_meta
-            indices, scores = self.g_indices, self.g_scores[:nrows]
-        else:
-            layout = packed_layout(bs, self.num_kv_heads)
-            meta = torch.empty(layout["_total"][1], dtype=torch.int32, device="cuda")
-            indices = torch.empty(max(plan.total_pages, 1), dtype=torch.int32, device="cuda")
-            scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
-        meta.copy_(torch.from_numpy(pack(plan, layout)), non_blocking=True)
-        fields = {f: self._view(meta, layout, f, bs) for f in REQUEST_FIELDS}
-        row_indptr = self._view(meta, layout, "row_indptr", nrows + 1)
-        last_page_len = self._view(meta, layout, "last_page_len", nrows)
-        indptr_host = torch.from_numpy(plan.row_indptr)
         plan_args = (self.group, 1, self.head_dim, self.page_size)
         plan_kwargs = dict(data_type=self.kv_dtype, q_data_type=self.q_dtype, non_blocking=True)
-        if not graph:
-            wrapper = self.eager_wrapper
-            wrapper.plan(indptr_host, indices, torch.from_numpy(plan.last_page_len), *plan_args, **plan_kwargs)
-        elif in_capture:
-            wrapper = BatchDecodeWithPagedKVCacheWrapper(
-                self.workspace_buffer, "NHD", backend="fa2", use_cuda_graph=True,
-                paged_kv_indptr_buffer=row_indptr, paged_kv_indices_buffer=indices,
-                paged_kv_last_page_len_buffer=last_page_len)
-            wrapper.plan(indptr_host, indices[:max(plan.total_pages, 1)], torch.from_numpy(plan.last_page_len),
-                         *plan_args, **plan_kwargs)
-            wrapper.begin_forward = partial(fast_decode_plan, wrapper)
-            self.graph_wrappers[bs] = wrapper
+        if graph:
+            if in_capture:
+                self.graph_plans.capture(bs, self.workspace_buffer, plan, plan_args, plan_kwargs)
+            layers = self.graph_plans.step(bs, plans, groups, plan_args, plan_kwargs)
+            indices, scores = self.graph_plans.indices, self.g_scores[:nrows]
         else:
-            wrapper = self.graph_wrappers[bs]
-            wrapper.begin_forward(row_indptr, indices, last_page_len, *plan_args, fixed_split_size=None,
-                                  disable_split_kv=False, global_override_indptr_cpu=indptr_host, **plan_kwargs)
-        self.step = _Step(plan, fields, row_indptr, indices, scores, wrapper, rows, lengths, real_bs)
+            layers, indices = self.eager_plans.step(bs, plans, groups, plan_args, plan_kwargs)
+            scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
+        self.step = _Step(plan, plans, groups, layers, indices, scores, rows, lengths, real_bs)
+
+    def _extra_dense(self, rows: np.ndarray) -> list[frozenset]:
+        """Each request's extra dense layers, cached by schedule slot (a slot keeps its schedule)."""
+        out = []
+        for slot in self.table.schedule_slot[rows].tolist():
+            extra = self._extra.get(slot)
+            if extra is None:
+                extra = self._extra[slot] = extra_dense_layers(self.table.schedule_in(slot), self.sparse_layers)
+            out.append(extra)
+        return out
 
     # ---- layers -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -240,17 +235,19 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         q3 = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
         rpi = forward_batch.req_pool_indices
-        f = step.fields
+        decode: LayerDecode = step.layers[layer.layer_id]
+        f = decode.fields
         K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores,
-                      k_buf=k_buf, cache_loc=cache_loc)
+                      k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
         K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
-                           f["cand_lo"], f["cand_hi"], step.row_indptr, self.num_kv_heads, self.page_size,
-                           step.indices)
+                           f["cand_lo"], f["cand_hi"], decode.row_indptr, self.num_kv_heads, self.page_size,
+                           step.indices, variant=self.select_variant)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
-                                           step.plan.row_indptr, step.indices, self.req_to_token, step.real_bs)
+                                           step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
+                                           step.real_bs)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
-        o = step.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
+        o = decode.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
                                  logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
                                  v_scale=layer.v_scale_float)
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)

@@ -54,11 +54,11 @@ class ScheduleTable:
     def _slot(self, schedule: Schedule) -> int:
         slot = self._slot_of.get(schedule)
         if slot is None:
-            missing = sorted(set(schedule.dense_layers) - set(self.default.dense_layers))
-            if missing and not schedule.is_dense:  # only SGLang's own /generate gets here: /rollout refuses it
-                logger.warning("schedule %s keeps layers %s dense, but this server runs every request with the "
-                               "default schedule's dense layers %s: those layers run sparse for it", schedule.id,
-                               missing, list(self.default.dense_layers))
+            stock = sorted(set(self.default.dense_layers) - set(schedule.dense_layers))
+            if stock and not schedule.is_dense:  # extra dense layers are honoured; the server's stay dense
+                logger.info("schedule %s keeps layers %s sparse, but this server runs them dense for every request "
+                            "(its default schedule's dense layers %s, the stock path): they run dense for it",
+                            schedule.id, stock, list(self.default.dense_layers))
             slot = len(self._schedules)
             self._schedules.append(schedule)
             self._slot_of[schedule] = slot
@@ -75,6 +75,10 @@ class ScheduleTable:
 
     def schedule_of(self, row: int) -> Schedule:
         return self._schedules[int(self.schedule_slot[row])]
+
+    def schedule_in(self, slot: int) -> Schedule:
+        """The schedule of a slot (``schedule_slot`` values); a slot never changes schedule."""
+        return self._schedules[slot]
 
     def record_step(self, rows: np.ndarray, budget_tokens: np.ndarray) -> None:
         """Accumulate one decode step's attended tokens per row (padding row 0 included, harmless)."""

@@ -1,0 +1,60 @@
+"""Registers, stack and shared memory of the selection kernels of each variant, compiled offline
+for a GPU target (no GPU needed: Triton's bundled ptxas and cuobjdump). Occupancy follows from
+them: a score program has 8 warps, a select program 16 (65536 registers per SM).
+Usage: python benchmarks/selection_kernel_resources.py [--arch 90] [--pcap 2560]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from sparrow_server.kernels import sparse_decode as K
+
+SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
+                   lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
+SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
+                    sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
+                    r2t_stride="i32")
+
+
+def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
+    """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
+    sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+                            options=options)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return next(line.strip() for line in out.splitlines() if "REG:" in line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--pcap", type=int, default=2560, help="server context length in pages (sets even's grid)")
+    a = ap.parse_args()
+    for v in K.SELECT_VARIANTS:
+        even = v != "v1"
+        nprog = K.score_programs(a.pcap, v)
+        consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.SCORE_BLOCK_P, NPROG=nprog, EVEN=even, UPDATE=True,
+                      LM_BLOCK=1024)
+        opts = {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
+        line = resources(K._score_kernel, SCORE_TYPES, consts, opts, a.arch)
+        print(f"score  {v:5} ({nprog} programs/request): {line}")
+        consts = dict(H=8, PS=16, SMALL=K.SELECT_ROWS[0], MEDIUM=K.SELECT_ROWS[1], LARGE=K.SELECT_ROWS[2],
+                      CHUNK=K.SELECT_CHUNK, TAIL_A=K.SELECT_TAILS[0], TAIL_B=K.SELECT_TAILS[1],
+                      TAIL_C=K.SELECT_TAILS[2], TAILS=v == "even", BITS=8 if v == "hist" else 2)
+        line = resources(K._select_kernel, SELECT_TYPES, consts, {"num_warps": 16}, a.arch)
+        print(f"select {v:5}: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

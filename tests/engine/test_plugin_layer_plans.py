@@ -1,0 +1,156 @@
+"""CPU tests of ``scheduler.layer_plans`` against a stand-in FlashInfer: every sparse layer ends a step
+reading its own group's fields, row pointers and plan arrays, through buffers fixed per batch size
+(what a captured CUDA graph reads), and a plan layout that changed since capture stops the step.
+
+The stand-in's decode wrapper keeps FlashInfer's contract where the module relies on it: ``plan`` and
+``fast_decode_plan`` write the plan through the pinned staging buffer into the int workspace (here: the
+row pointers they were given, so a layer's plan says which group it came from) and return its layout
+(``_plan_info``, padded batch first); ``run`` reads ``_int_workspace_buffer``, ``_plan_info`` and
+``_paged_kv_indptr_buf`` at call time.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from sparrow_server.sglang_plugin.scheduler.layer_groups import extra_dense_layers, group_layers, group_plans
+from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, plan_step
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule
+
+PS, H, PCAP, MAX_BS = 16, 2, 64, 4
+LAYERS = (2, 3, 4, 5)
+PADDED = 40
+
+
+def _write_plan(wrapper, indptr_host: torch.Tensor) -> None:
+    region = torch.zeros(PADDED + 1, dtype=torch.int32)
+    region[0] = indptr_host.numel()
+    region[1:1 + indptr_host.numel()] = indptr_host.to(torch.int32)
+    wrapper._pin_memory_int_workspace_buffer[:region.numel() * 4].copy_(region.view(torch.uint8))
+    wrapper._int_workspace_buffer[:region.numel() * 4].copy_(wrapper._pin_memory_int_workspace_buffer[:region.numel() * 4])
+    wrapper._plan_info = [wrapper.padded, 0, 0, 0, 0, 0, 0, 0, int(wrapper.is_cuda_graph_enabled), 1]
+
+
+class FakeWrapper:
+    def __init__(self, workspace, layout, backend="fa2", use_cuda_graph=False, paged_kv_indptr_buffer=None,
+                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+        self._float_workspace_buffer = workspace
+        self._int_workspace_buffer = torch.zeros(1 << 14, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.zeros(1 << 14, dtype=torch.uint8)
+        self.is_cuda_graph_enabled = use_cuda_graph
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._fixed_batch_size = len(paged_kv_last_page_len_buffer) if use_cuda_graph else None
+        self._plan_info = None
+        self.padded = PADDED
+
+    def plan(self, indptr, indices, last_page_len, *args, **kwargs):
+        if self.is_cuda_graph_enabled:
+            assert len(last_page_len) == self._fixed_batch_size
+            self._paged_kv_indptr_buf[:indptr.numel()].copy_(indptr)
+            self._paged_kv_last_page_len_buf.copy_(last_page_len)
+        else:
+            self._paged_kv_indptr_buf, self._paged_kv_indices_buf = indptr.clone(), indices
+            self._paged_kv_last_page_len_buf = last_page_len.clone()
+        _write_plan(self, indptr)
+
+    def forward(self, *args, **kwargs):
+        """What FlashInfer's run reads, at call time (a graph bakes these pointers at capture)."""
+        region = self._int_workspace_buffer[:(PADDED + 1) * 4].view(torch.int32)
+        return region[1:1 + int(region[0])].tolist(), self._paged_kv_indptr_buf, self._plan_info
+
+
+def fake_fast_decode_plan(self, indptr, indices, last_page_len, *args, global_override_indptr_cpu=None, **kwargs):
+    assert self.is_cuda_graph_enabled and len(last_page_len) == self._fixed_batch_size
+    _write_plan(self, global_override_indptr_cpu)
+
+
+@pytest.fixture
+def LP(monkeypatch):
+    fake = types.ModuleType("flashinfer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = FakeWrapper
+    fake.fast_decode_plan = fake_fast_decode_plan
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    monkeypatch.delitem(sys.modules, "sparrow_server.sglang_plugin.scheduler.layer_plans", raising=False)
+    module = importlib.import_module("sparrow_server.sglang_plugin.scheduler.layer_plans")
+    yield module
+    sys.modules.pop("sparrow_server.sglang_plugin.scheduler.layer_plans", None)
+
+
+def _schedule(name, dense_layers=(0, 1)):
+    return Schedule(name=name, budgets_tokens=(8 * PS,), bin_tokens=10**9, dense_layers=dense_layers)
+
+
+def _step(schedules, lengths):
+    plan = plan_step(schedules, np.asarray(lengths), np.zeros(len(lengths)), H, PS, topk_cap_pages=PCAP)
+    groups = group_layers([extra_dense_layers(s, LAYERS) for s in schedules], plan.count < plan.n_pages, LAYERS)
+    return plan, groups, group_plans(plan, groups)
+
+
+ARGS = ((2, 1, 8, PS), {"non_blocking": True})
+
+
+def _check_layers(layers, plans, groups, graph=True):
+    for layer in LAYERS:
+        want = plans[groups.group_of(layer)]
+        decode = layers[layer]
+        plan_indptr, indptr_buf, _ = decode.wrapper.forward()
+        assert plan_indptr == want.row_indptr.tolist(), layer
+        assert indptr_buf.tolist() == decode.row_indptr.tolist() == want.row_indptr.tolist(), layer
+        assert indptr_buf is decode.row_indptr or not graph  # eager: FlashInfer's own copy of the same values
+        for f in REQUEST_FIELDS:
+            assert decode.fields[f].tolist() == getattr(want, f).tolist(), (layer, f)
+
+
+def test_graph_layers_read_their_own_groups_plan_through_buffers_fixed_at_capture(LP):
+    gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu")
+    workspace = torch.zeros(16, dtype=torch.uint8)
+    pad = [dense_schedule()] * 3
+    plan, groups, plans = _step(pad, [1, 1, 1])  # capture: padding lanes at the fill length
+    gp.capture(3, workspace, plan, *ARGS[:1], ARGS[1])
+    captured = gp.step(3, plans, groups, *ARGS[:1], ARGS[1])
+    _check_layers(captured, plans, groups)
+    pointers = {layer: (d.wrapper._int_workspace_buffer.data_ptr(), d.row_indptr.data_ptr()) for layer, d in
+                captured.items()}
+    assert len({p for p, _ in pointers.values()}) == len(LAYERS), "each layer reads its own plan copy"
+
+    odd = _schedule("odd", (0, 1, 3, 4))
+    for schedules, lengths in (([_schedule("a")] * 3, [900, 700, 1000]),
+                               ([_schedule("a"), odd, _schedule("a")], [900, 700, 1000]),
+                               ([odd, _schedule("b", (0, 1, 5)), odd], [900, 800, 1000])):
+        plan, groups, plans = _step(schedules, lengths)
+        layers = gp.step(3, plans, groups, *ARGS[:1], ARGS[1])
+        assert layers is captured
+        assert {layer: (d.wrapper._int_workspace_buffer.data_ptr(), d.row_indptr.data_ptr())
+                for layer, d in layers.items()} == pointers
+        _check_layers(layers, plans, groups)
+        assert all(d.wrapper._paged_kv_indices_buf is gp.indices for d in layers.values())
+        assert layers[2].wrapper._paged_kv_last_page_len_buf.tolist() == plan.last_page_len.tolist()
+    assert groups.num_groups == 3 and len(gp.captured[3].slots) == 3
+
+
+def test_a_plan_layout_that_changed_since_capture_stops_the_step(LP):
+    gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu")
+    plan, groups, plans = _step([dense_schedule()] * 2, [1, 1])
+    gp.capture(2, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], ARGS[1])
+    gp.step(2, plans, groups, *ARGS[:1], ARGS[1])
+    plan, groups, plans = _step([_schedule("a"), _schedule("odd", (0, 1, 2))], [900, 900])
+    gp.captured[2].slots[0].padded = PADDED + 1
+    with pytest.raises(RuntimeError, match="layout for batch 2 changed"):
+        gp.step(2, plans, groups, *ARGS[:1], ARGS[1])
+
+
+def test_eager_layers_use_one_wrapper_per_group(LP):
+    ep = LP.EagerLayerPlans(torch.zeros(16, dtype=torch.uint8), LAYERS, H, device="cpu")
+    odd = _schedule("odd", (0, 1, 3))
+    plan, groups, plans = _step([_schedule("a"), odd, _schedule("a")], [900, 700, 1000])
+    layers, indices = ep.step(3, plans, groups, *ARGS[:1], ARGS[1])
+    _check_layers(layers, plans, groups, graph=False)
+    assert layers[3].wrapper is not layers[2].wrapper and layers[2].wrapper is layers[5].wrapper
+    assert indices.numel() >= max(p.total_pages for p in plans) and len(ep.wrappers) == 2
