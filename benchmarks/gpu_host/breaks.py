@@ -87,16 +87,20 @@ BREAKS = (
           "torch.index_select(self.slot_ws[:, :n], 0, torch.zeros_like(self.group_of_layer))",
           (f"{DENSE_LAYERS}::test_a_request_gets_its_own_dense_layers_in_a_mixed_batch",
            f"{DENSE_LAYERS}::test_cuda_graph_on_off_agree")),
-    # Landmarks computed once per page slot and never refreshed: a prefill writes only pages whose
-    # landmarks are still zero, so a slot reused after a weight update keeps the old weights' landmarks.
-    # (GPU call 9 turned prefill's landmarks off altogether instead: not this bug, and not caught, since
-    # the fresh server the test compares with lacked them too.)
-    Break("landmarks_stale_after_update", "a prefill writes landmarks only into page slots never written "
-          "before, so after a weight update reused slots keep the landmarks of the old weights",
+    # A per-slot "landmark computed" mask that the flush on a weight update does not reset: prefill
+    # skips slots computed before, so after the update reused slots keep zeroed landmarks. (GPU call 9
+    # turned prefill's landmarks off everywhere, call 10 skipped slots whose landmarks were nonzero:
+    # neither is this bug, and neither was caught, the first because the fresh server compared with
+    # lacked landmarks too, the second because the flush zeroes landmarks, so prefill recomputed them.)
+    Break("landmarks_stale_after_update", "prefill skips page slots it computed landmarks for before, by a "
+          "mask the weight update's flush does not reset: reused slots keep no landmarks of the new keys",
           BACKEND, "K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True)",
           "loc = forward_batch.out_cache_loc\n"
-          "            unwritten = lm[loc // self.page_size].flatten(1).abs().amax(1) == 0\n"
-          "            K.update_landmarks(k_buf, loc[unwritten], lm, self.page_size, only_full=True)",
+          "            seen = self.__dict__.setdefault('_seen', {}).setdefault(layer.layer_id, torch.zeros(\n"
+          "                lm.shape[0], dtype=torch.bool, device=lm.device))\n"
+          "            loc = loc[~seen[loc // self.page_size]]\n"
+          "            seen[loc // self.page_size] = True\n"
+          "            K.update_landmarks(k_buf, loc, lm, self.page_size, only_full=True)",
           (f"{SERVICE}::test_weight_update_while_streaming",)),
     Break("landmarks_outside_kv_region", "the landmarks allocated outside the memory saver's kv_cache region: "
           "a release frees the KV pool but not them",
