@@ -54,6 +54,18 @@ def server_decode_tok_s(log: Path, offset: int, batch: int) -> tuple[float | Non
     return (statistics.median(vals) if vals else None), len(vals)
 
 
+def pool_shortfall(max_total_tokens: int | None, context: int, gen_len: int, batch: int) -> str | None:
+    """Why a decode workload cannot run all ``batch`` requests at once in this KV pool, or None.
+
+    Its tok/s is read from the server's log lines at ``#running-req == batch``: a pool that holds fewer
+    than ``batch x (context + gen_len)`` tokens runs it in smaller waves, and there is nothing to read."""
+    need = batch * (context + gen_len)
+    if max_total_tokens is not None and need > max_total_tokens:
+        return (f"decode_ctx {context}x{batch}: the KV pool holds {max_total_tokens} tokens, fewer than "
+                f"{batch} x ({context} + {gen_len}) = {need}")
+    return None
+
+
 def random_ids(rng, n, length, vocab=151936):
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
 
@@ -86,6 +98,11 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
             if only is None and time.time() > deadline:
                 print(f"[{size} {backend}] skip decode_ctx {ctx}x{batch}: out of time", flush=True)
                 continue
+            short = pool_shortfall(res["server"]["max_total_num_tokens"], ctx, args.gen_len, batch)
+            if short:
+                res[("decode_ctx", ctx, batch)] = {"error": short}
+                print(f"[{size} {backend}] ERROR {short}", flush=True)
+                continue
             off = srv.log_offset()
             t0 = time.time()
             outs = S.generate(srv.base, random_ids(rng, batch, ctx), args.gen_len, temperature=1.0)
@@ -93,6 +110,8 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
             tok_s, lines = server_decode_tok_s(log, off, batch)
             res[("decode_ctx", ctx, batch)] = {"server_tok_s": tok_s, "log_lines": lines, "wall_s": round(dt, 2),
                                                "out_tokens": sum(len(o["output_ids"]) for o in outs)}
+            if tok_s is None:
+                res[("decode_ctx", ctx, batch)]["error"] = f"no decode log line at #running-req {batch}"
             print(f"[{size} {backend}] decode_ctx {ctx}x{batch}: {res[('decode_ctx', ctx, batch)]}", flush=True)
         key = ("rollout", args.rollout_prompt, args.rollout_requests)
         if args.rollout_gen and (key in only if only is not None else time.time() < deadline):
@@ -212,16 +231,25 @@ def main() -> int:
         for j, backend in enumerate(backends):
             per[backend], cfg = run_backend(size, backend, work_dir, out_dir, args, schedule,
                                             share_s=share if j == 0 and len(backends) > 1 else None, only=done)
-            done = {k for k in per[backend] if isinstance(k, tuple)}
+            done = {k for k, m in per[backend].items() if isinstance(k, tuple) and "error" not in m}
         for key in sorted(done):
             result["runs"].append(make_run(key, per, cfg, size, schedule, args))
             r = result["runs"][-1]
             print(f"== {size} {key}: dense {r['dense_tok_s']} tok/s, sparse {r['sparse_tok_s']} tok/s, "
                   f"speedup {r['speedup']}x, memory roofline {r['roofline_ratio']}x", flush=True)
         result["servers"] = result.get("servers", {}) | {f"{size}/{b}": per[b].get("server") for b in per}
+        result.setdefault("errors", []).extend(workload_errors(per, size))
         (out_dir / "sglang_throughput.json").write_text(json.dumps(result, indent=1))
     print(f"total {time.time() - t_start:.0f} s", flush=True)
-    return 0
+    for err in result.get("errors", []):
+        print(f"ERROR {err}", flush=True)
+    return 1 if result.get("errors") else 0
+
+
+def workload_errors(per: dict, size: str) -> list[str]:
+    """Every workload a backend could not measure, named: the run then exits non-zero."""
+    return [f"{size} {backend}: {m['error']}" for backend, res in per.items()
+            for key, m in res.items() if isinstance(key, tuple) and "error" in m]
 
 
 if __name__ == "__main__":
