@@ -70,20 +70,23 @@ def random_ids(rng, n, length, vocab=151936):
     return [[rng.randrange(100, vocab - 100) for _ in range(length)] for _ in range(n)]
 
 
-def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, only=None):
+def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, only=None, card=None, port=30100):
     """Start one server, run the workloads; returns {(workload, context): measurements}.
 
     ``share_s`` (dense run): seconds for both runs of this size; once the server is up, the dense
     workloads get half of what is left after two server starts (the sparse server's is assumed
-    to take as long), so a slow start no longer eats the measurements. ``None``: no deadline."""
+    to take as long), so a slow start no longer eats the measurements. ``None``: no deadline.
+    ``card``: the GPU this server runs on (``--parallel-cards``), with its own ``port``."""
     rng = random.Random(0)
     cfg = S.qwen3_config(size)
-    model_dir = S.write_config(work_dir / size, cfg)
-    env = schedule_env(schedule, work_dir / "schedules")
+    model_dir = S.write_config(work_dir / f"{size}-{backend}", cfg)  # per backend: two may start at once
+    env = schedule_env(schedule, work_dir / f"schedules-{backend}")
+    if card is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(card)
     if args.tp_size > 1:
         env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off on the lent multi-GPU hosts
     log = out_dir / f"server-{size}-{backend}.log"
-    srv = S.Server(model_dir, server_flags(args) + ["--attention-backend", backend], log, port=30100, env=env)
+    srv = S.Server(model_dir, server_flags(args) + ["--attention-backend", backend], log, port=port, env=env)
     res = {}
     start_s = srv.start()
     deadline = float("inf") if share_s is None else time.time() + (share_s - 2 * start_s) / 2 - 15
@@ -125,6 +128,37 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     finally:
         srv.stop()
     return res, cfg
+
+
+def measured(res: dict) -> set:
+    """The workloads a backend measured (not those it could not)."""
+    return {k for k, m in res.items() if isinstance(k, tuple) and "error" not in m}
+
+
+def measure(size, backends, work_dir, out_dir, args, schedule, share):
+    """({backend: results}, the model config, the workloads every backend measured). Back to back, the
+    second backend runs exactly what the first measured; with ``--parallel-cards`` both run at once."""
+    if args.parallel_cards:
+        per, cfg = run_parallel(size, backends, work_dir, out_dir, args, schedule)
+    else:
+        per, done = {}, None
+        for j, backend in enumerate(backends):
+            per[backend], cfg = run_backend(size, backend, work_dir, out_dir, args, schedule,
+                                            share_s=share if j == 0 and len(backends) > 1 else None, only=done)
+            done = measured(per[backend])
+    return per, cfg, set.intersection(*(measured(per[b]) for b in backends))
+
+
+def run_parallel(size, backends, work_dir, out_dir, args, schedule):
+    """Each backend on its own card (GPU i, port 30100 + i) at the same time, the same workloads and
+    prompts; no deadline (the caller's device call bounds it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(backends)) as pool:
+        futs = {b: pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=30100 + i)
+                for i, b in enumerate(backends)}
+        done = {b: f.result() for b, f in futs.items()}
+    return {b: res for b, (res, _) in done.items()}, next(iter(done.values()))[1]
 
 
 def schedule_env(schedule, schedule_dir: Path) -> dict[str, str]:
@@ -199,6 +233,9 @@ def main() -> int:
     ap.add_argument("--schedule-file", default=None,
                     help="a schedule JSON file served instead of the preset (every size), e.g. "
                          "benchmarks/schedules/qwen3-1.7b-0.86-no-dense-layers.json")
+    ap.add_argument("--parallel-cards", action="store_true",
+                    help="dense on GPU 0 and sparse on GPU 1 at once (a 2-GPU host), each the same workloads; "
+                         "the JSON says so")
     ap.add_argument("--time-budget-s", type=float, default=560)
     ap.add_argument("--note", default="")
     ap.add_argument("--out-dir", default=".")
@@ -207,6 +244,9 @@ def main() -> int:
     args.server_args = args.server_args.split()
     if args.tp_size < 1:
         ap.error(f"--tp-size={args.tp_size}: must be >= 1")
+    if args.parallel_cards and (len(args.backends.split(",")) != 2 or args.tp_size > 1):
+        ap.error(f"--parallel-cards: needs two backends at --tp-size 1 (got --backends {args.backends}, "
+                 f"--tp-size {args.tp_size})")
     t_start = time.time()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -218,20 +258,16 @@ def main() -> int:
     result = {"device": torch.cuda.get_device_name(), "sglang_version": sglang.__version__,
               "command": " ".join(sys.argv), "note": args.note, "context_length": args.context_length,
               "max_running_requests": args.max_running_requests, "tp_size": args.tp_size,
-              "flags": server_flags(args), "runs": []}
+              "flags": server_flags(args), "runs": [],
+              "parallel_on_two_cards": bool(args.parallel_cards)}
     backends = args.backends.split(",")
     sizes = args.sizes.split(",")
     for i, size in enumerate(sizes):
         schedule = schedule_for(size, args)
-        per = {}
         # The first run gets half of this size's share of the time budget net of the two server starts;
         # the second then does exactly the workloads the first finished.
         share = (args.time_budget_s - (time.time() - t_start)) / (len(sizes) - i)
-        done = None
-        for j, backend in enumerate(backends):
-            per[backend], cfg = run_backend(size, backend, work_dir, out_dir, args, schedule,
-                                            share_s=share if j == 0 and len(backends) > 1 else None, only=done)
-            done = {k for k, m in per[backend].items() if isinstance(k, tuple) and "error" not in m}
+        per, cfg, done = measure(size, backends, work_dir, out_dir, args, schedule, share)
         for key in sorted(done):
             result["runs"].append(make_run(key, per, cfg, size, schedule, args))
             r = result["runs"][-1]

@@ -35,3 +35,40 @@ def test_errors_of_either_backend_are_collected_and_measured_runs_are_not():
     errors = T.workload_errors(per, "qwen3-1.7b")
     assert errors == ["qwen3-1.7b flashinfer: the KV pool holds 1 tokens", "qwen3-1.7b sparrow: no decode log line"]
     assert T.workload_errors({"sparrow": {"server": {}, ("decode_ctx", 1, 1): {"server_tok_s": 5.0}}}, "x") == []
+
+
+def _fake_backends(T, monkeypatch, fail=()):
+    calls = []
+
+    def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, only=None, card=None, port=30100):
+        calls.append({"backend": backend, "only": only, "card": card, "port": port})
+        res = {("decode_ctx", 32768, b): ({"error": "short"} if (backend, b) in fail else {"server_tok_s": 1.0 * b})
+               for b in (16, 32) if only is None or ("decode_ctx", 32768, b) in only}
+        return res, {"cfg": size}
+
+    monkeypatch.setattr(T, "run_backend", run_backend)
+    return calls
+
+
+def test_parallel_cards_runs_each_backend_on_its_own_card_and_port(monkeypatch):
+    import types
+
+    T = _bench()
+    calls = _fake_backends(T, monkeypatch, fail={("sparrow", 32)})
+    args = types.SimpleNamespace(parallel_cards=True)
+    per, cfg, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, None, args, None, 100.0)
+    assert sorted((c["backend"], c["card"], c["port"], c["only"]) for c in calls) == [
+        ("flashinfer", 0, 30100, None), ("sparrow", 1, 30101, None)]
+    assert done == {("decode_ctx", 32768, 16)} and cfg == {"cfg": "qwen3-1.7b"}  # only what both measured
+
+
+def test_back_to_back_the_second_backend_runs_what_the_first_measured(monkeypatch):
+    import types
+
+    T = _bench()
+    calls = _fake_backends(T, monkeypatch, fail={("flashinfer", 32)})
+    per, _, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, None,
+                             types.SimpleNamespace(parallel_cards=False), None, 100.0)
+    assert [(c["backend"], c["card"], c["only"]) for c in calls] == [
+        ("flashinfer", None, None), ("sparrow", None, {("decode_ctx", 32768, 16)})]
+    assert done == {("decode_ctx", 32768, 16)} and list(per["sparrow"]) == [("decode_ctx", 32768, 16)]
