@@ -33,6 +33,8 @@ KERNELS = "sparrow_server/kernels/sparse_decode.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
 LAYER_PLANS = "sparrow_server/sglang_plugin/scheduler/layer_plans.py"
 DENSE_LAYERS = "tests/gpu/test_dense_layers.py"
+EXACT = "tests/gpu/test_exact_acceptance.py"
+EXACT_ROWS = "sparrow_server/sglang_plugin/scheduler/exact_rows.py"
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,10 @@ BREAKS = (
           "return tuple(range((tp_size - 1 - rank) * n, (tp_size - rank) * n))",
           (f"{TP}::test_each_rank_builds_the_backend_over_its_own_kv_heads",
            f"{TP}::test_each_rank_selects_what_the_oracle_selects"), gpus=2),
+    Break("exact_capture_off_by_one", "the decode row kept for generated position g is the one predicting g + 1",
+          EXACT_ROWS, "position = int(seq_lens[i]) - _prompt_len(req)",
+          "position = int(seq_lens[i]) - _prompt_len(req) - 1",
+          (f"{EXACT}::test_exact_values_match_the_full_logprobs_at_every_kept_position",)),
 )
 
 

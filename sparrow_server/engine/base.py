@@ -15,7 +15,8 @@ from sparrow_server.engine.ports import AdapterPort, DenseScoring, LocalModel
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.wire import check_page_size
 
-if TYPE_CHECKING:  # these modules import this one
+if TYPE_CHECKING:  # these modules import this one (exact_subsample: torch, only for the annotation)
+    from sparrow_server.stats.exact_subsample import KeptPositions
     from sparrow_server.engine.memory import MemoryControl
     from sparrow_server.engine.weights import WeightSync
     from sparrow_server.engine.weight_groups import WeightGroups
@@ -157,7 +158,8 @@ class GenerationRequest:
 
     ``return_selected_pages``: record, per generated token, the pages each sparse layer's KV
     heads attended (for tests and debugging). ``verify``/``record_topk``: reserved for dense
-    verification (the sparse top-k distribution recorded per token, then re-scored densely).
+    verification (the sparse top-k distribution recorded per token, then re-scored densely);
+    ``exact_keep``: the generated positions whose full sparse row the engine keeps for exact acceptance.
     ``logprob_start_len``: also report the logprobs of ``input_ids[logprob_start_len:]`` (SGLang's
     field and semantics: from the dense prefill, at temperature 1, the first one ``None``);
     ``None``: no prompt logprobs.
@@ -173,6 +175,7 @@ class GenerationRequest:
     verify: bool = False
     record_topk: int = 0
     logprob_start_len: int | None = None
+    exact_keep: KeptPositions | None = None  # verified: store the sparse rows there for exact acceptance
 
     def __post_init__(self) -> None:
         if not self.input_ids:

@@ -60,6 +60,9 @@ class DenseScoring:
 
     scorer: DenseScorer
     record_topk: int
+    # > 0: the scorer also gives exact acceptance at every exact_stride-th generated position of a request
+    # that asked for them at admission (``GenerationRequest.exact_keep``; issue 25). 0: the bound only.
+    exact_stride: int = 0
 
 
 __all__ = ["AdapterPort", "LoadedAdapter", "LocalModel", "DenseScorer", "DenseScoring"]

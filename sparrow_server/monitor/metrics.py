@@ -43,6 +43,12 @@ class AcceptanceMetrics:
                                        registry=r)
         self.verified_requests = Counter("sparrow_verified_requests_total", "Requests re-scored densely",
                                          ["schedule"], registry=r)
+        self.unscored_tokens = Counter("sparrow_verified_unscored_tokens_total",
+                                       "Verified tokens left out of the windows: not of the verifier's acceptance kind "
+                                       "(exact values missing, only the lower bound)", ["schedule"], registry=r)
+        self.exact_missing_tokens = Counter("sparrow_exact_missing_tokens_total",
+                                            "Kept positions without an exact value (re-prefilled, row store full)",
+                                            ["schedule"], registry=r)
         self.max_bins = max_bins
         self.min_tokens = min_tokens
         self._windows: dict[int, RollingTailMonitor] = {}  # per bin width (schedules may differ)
@@ -81,6 +87,12 @@ class AcceptanceMetrics:
                     continue
                 self.p5.labels(name, str(b)).set(stat.quantile)
                 self._track_violation(name, b, stat.quantile, schedule.threshold)
+
+    def unscored(self, schedule: Schedule, n_tokens: int) -> None:
+        self.unscored_tokens.labels(schedule.name).inc(n_tokens)
+
+    def exact_missing(self, schedule: Schedule, n_tokens: int) -> None:
+        self.exact_missing_tokens.labels(schedule.name).inc(n_tokens)
 
     def _track_violation(self, name: str, bin_index: int, p5: float, threshold: float | None) -> None:
         key = (name, bin_index)

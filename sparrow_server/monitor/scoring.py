@@ -8,7 +8,9 @@ schedule. Two ways to get its distribution per generated token:
 - exact: a teacher-forced sparse forward (``teacher_forced_logits``, which reproduces decode's
   page selections at every position), then ``exact_acceptance`` against the dense forward;
 - top-k lower bound: the top-k (ids, logprobs) recorded during decoding (SGLang), against the
-  dense pass's top-k (``topk_acceptance_lower_bound``; never above the exact value).
+  dense pass's top-k (``topk_acceptance_lower_bound``; never above the exact value);
+- exact on a subsample (SGLang, issue 25): with the bound, the exact value at the kept positions
+  (``stats.exact_subsample``), which is then the evidence (``AcceptanceScores.evidence_*``).
 
 Positions: completion token ``i`` (0-based) is produced by the step that attends ``prompt_len + i``
 tokens (token 0 by the dense prefill); logit row ``prompt_len - 1 + i`` of the sequence predicts it.
@@ -29,6 +31,7 @@ from sparrow_server.autopilot.controller import EXACT_ACCEPTANCE, TOPK_BOUND_ACC
 from sparrow_server.modeling.sparse_forward import attention_implementation, teacher_forced_logits
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
+from sparrow_server.stats.exact_subsample import KeptAcceptance, KeptPositions
 
 # The kinds of acceptance (the names an autopilot's ``acceptance`` setting selects).
 EXACT, TOPK_LOWER_BOUND = EXACT_ACCEPTANCE, TOPK_BOUND_ACCEPTANCE
@@ -38,23 +41,53 @@ DEFAULT_ROW_CHUNK = 256  # acceptance rows per step: bounds the [chunk, V] float
 
 @dataclass(frozen=True)
 class AcceptanceScores:
-    """Acceptance of each generated token and the schedule-basis length of the step that made it."""
+    """Acceptance of each generated token and the schedule-basis length of the step that made it.
+
+    ``exact``: the exact values at a uniform subsample of positions, when the engine gave them with a
+    top-k bound; they are then the evidence (``evidence_*``: what the metrics, the alert and the
+    autopilot read; fewer tokens, but exact), and ``acceptance`` stays the per-token lower bound.
+    """
 
     acceptance: np.ndarray  # [N] float64 in [0, 1]
     basis_lengths: np.ndarray  # [N] int64
     kind: str  # EXACT or TOPK_LOWER_BOUND
+    exact: KeptAcceptance | None = None
+
+    @property
+    def has_exact_subsample(self) -> bool:
+        return self.exact is not None and self.exact.n_tokens > 0
+
+    @property
+    def evidence_kind(self) -> str:
+        return EXACT if self.has_exact_subsample else self.kind
+
+    @property
+    def evidence_acceptance(self) -> np.ndarray:
+        return np.asarray(self.exact.acceptance, dtype=np.float64) if self.has_exact_subsample else self.acceptance
+
+    @property
+    def evidence_basis_lengths(self) -> np.ndarray:
+        return self.basis_lengths[self.exact.positions] if self.has_exact_subsample else self.basis_lengths
 
     @property
     def n_tokens(self) -> int:
-        return int(self.acceptance.size)
+        """Tokens of evidence (the kept positions when exact on a subsample)."""
+        return int(self.evidence_acceptance.size)
 
     @property
     def p5(self) -> float:
-        return float(np.quantile(self.acceptance, 0.05)) if self.acceptance.size else float("nan")
+        a = self.evidence_acceptance
+        return float(np.quantile(a, 0.05)) if a.size else float("nan")
 
     @property
     def mean(self) -> float:
-        return float(self.acceptance.mean()) if self.acceptance.size else float("nan")
+        a = self.evidence_acceptance
+        return float(a.mean()) if a.size else float("nan")
+
+    @property
+    def bound_p5(self) -> float:
+        """p5 of ``acceptance`` over every token (the lower bound when ``kind`` is the top-k bound)."""
+        return float(np.quantile(self.acceptance, 0.05)) if self.acceptance.size else float("nan")
 
 
 def completion_basis_lengths(schedule: Schedule, prompt_len: int, n_completion: int) -> np.ndarray:
@@ -163,17 +196,26 @@ class HFScorer:
 
 def score_rollout(scorer: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
                   temperature: float, adapter: str | None = None, sparse_topk: tuple[Tensor, Tensor] | None = None,
-                  sparse_logits: Tensor | None = None) -> AcceptanceScores:
-    """Acceptance of one rollout: exact unless only the recorded top-k ([N, K] ids, logprobs) is given."""
+                  sparse_logits: Tensor | None = None, rid: str | None = None,
+                  exact_keep: KeptPositions | None = None) -> AcceptanceScores:
+    """Acceptance of one rollout: exact unless only the recorded top-k ([N, K] ids, logprobs) is given;
+    with ``exact_keep`` (and ``rid``, the rollout's engine id) the bound comes with the exact values at
+    the kept positions (``scorer.dense_topk_exact``)."""
     if sparse_topk is None:
         return scorer.exact(prompt_ids, completion_ids, schedule, temperature, adapter, sparse_logits)
     ids, logprobs = sparse_topk
     if ids.shape != logprobs.shape or ids.dim() != 2 or ids.shape[0] != len(completion_ids):
         raise ValueError(f"sparse_topk: ids {tuple(ids.shape)} and logprobs {tuple(logprobs.shape)} must both be "
                          f"[{len(completion_ids)}, K]")
-    dense_ids, dense_lp = scorer.dense_topk(prompt_ids, completion_ids, ids.shape[1], temperature)
+    exact = None
+    if exact_keep is not None and rid is not None:
+        dense_ids, dense_lp, exact = scorer.dense_topk_exact(prompt_ids, completion_ids, ids.shape[1], temperature,
+                                                             rid, exact_keep)
+    else:
+        dense_ids, dense_lp = scorer.dense_topk(prompt_ids, completion_ids, ids.shape[1], temperature)
     acc = topk_acceptance_lower_bound(ids, logprobs, dense_ids.cpu(), dense_lp.cpu()).double().numpy()
-    return AcceptanceScores(acc, completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids)), TOPK_LOWER_BOUND)
+    return AcceptanceScores(acc, completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids)), TOPK_LOWER_BOUND,
+                            exact)
 
 
 __all__ = [

@@ -29,7 +29,7 @@ def build_verifier(engine: Engine, metrics: AcceptanceMetrics | None,
     offer = engine.dense_scoring()
     if offer is not None:
         return DenseVerifier(offer.scorer, metrics, sample_fraction=sample_fraction, record_topk=offer.record_topk,
-                             weight_version=offer.scorer.weight_version)
+                             weight_version=offer.scorer.weight_version, exact_stride=offer.exact_stride)
     local = engine.local_model()
     if local is None:
         return None
@@ -41,7 +41,7 @@ def build_verifier(engine: Engine, metrics: AcceptanceMetrics | None,
 def request_flags(verifier: DenseVerifier | None, requested: bool) -> dict[str, Any]:
     if verifier is None or not verifier.should_verify(requested):
         return {"verify": False, "record_topk": 0}
-    return {"verify": True, "record_topk": verifier.record_topk}
+    return {"verify": True, "record_topk": verifier.record_topk, "exact_keep": verifier.choose_kept()}
 
 
 def _job(request: Any, schedule: Schedule, token_ids: list[int], top_logprobs: list[Any], requested: bool,
@@ -50,7 +50,7 @@ def _job(request: Any, schedule: Schedule, token_ids: list[int], top_logprobs: l
     return VerificationJob(
         rid=request.rid, schedule=schedule, prompt_ids=tuple(request.input_ids), completion_ids=tuple(token_ids),
         temperature=request.sampling.logprob_temperature, adapter=adapter, sparse_topk=topk, requested=requested,
-        weight_version=weight_version,
+        weight_version=weight_version, exact_keep=getattr(request, "exact_keep", None),
     )
 
 

@@ -23,6 +23,7 @@ import torch
 from sparrow_server.monitor.metrics import AcceptanceMetrics
 from sparrow_server.monitor.scoring import EXACT, TOPK_LOWER_BOUND, AcceptanceScores, score_rollout
 from sparrow_server.sparsity.schedule import Schedule
+from sparrow_server.stats.exact_subsample import KeptPositions, choose_kept_positions
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class VerificationJob:
     sparse_logits: Any = None
     requested: bool = False  # verify: true (never dropped)
     weight_version: str | None = None  # the weights the rollout ran on (None: do not check)
+    exact_keep: KeptPositions | None = None  # positions whose sparse row the engine kept (exact on a subsample)
 
 
 class StaleVerificationError(RuntimeError):
@@ -75,8 +77,11 @@ class VerificationResult:
 
     def meta(self) -> dict[str, Any]:
         """Fields a verified request's response ``meta`` carries."""
-        return {"acceptance_p5": self.p5, "acceptance_mean": self.mean, "acceptance_kind": self.scores.kind,
-                "verified_tokens": self.scores.n_tokens}
+        out = {"acceptance_p5": self.p5, "acceptance_mean": self.mean, "acceptance_kind": self.scores.evidence_kind,
+               "verified_tokens": self.scores.n_tokens}
+        if self.scores.has_exact_subsample:  # the per-token bound stays reported, as what it is
+            out.update(acceptance_lower_bound_p5=self.scores.bound_p5, exact_missing_tokens=len(self.scores.exact.missing))
+        return out
 
 
 def topk_from_chunks(top_logprobs: list[tuple[tuple[float, int], ...]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,13 +107,18 @@ class DenseVerifier:
     def __init__(self, scorer: Any, metrics: AcceptanceMetrics | None = None,
                  sample_fraction: float = DEFAULT_SAMPLE_FRACTION, record_topk: int = DEFAULT_RECORD_TOPK,
                  max_pending: int = DEFAULT_MAX_PENDING, seed: int | None = None,
-                 weight_version: Callable[[], str | None] | None = None):
+                 weight_version: Callable[[], str | None] | None = None, exact_stride: int = 0):
         if not 0.0 <= sample_fraction <= 1.0:
             raise ValueError(f"sample_fraction = {sample_fraction!r}: must be in [0, 1]")
         if record_topk < 0:
             raise ValueError(f"record_topk = {record_topk!r}: must be >= 0 (0: exact, nothing recorded)")
         if max_pending < 1:
             raise ValueError(f"max_pending = {max_pending!r}: must be >= 1")
+        if isinstance(exact_stride, bool) or not isinstance(exact_stride, int) or exact_stride < 0:
+            raise ValueError(f"exact_stride = {exact_stride!r}: must be an integer >= 0 (0: no exact subsample)")
+        if exact_stride and not record_topk:
+            raise ValueError(f"exact_stride = {exact_stride}: needs record_topk > 0 (the subsample comes with the bound)")
+        self.exact_stride = exact_stride
         self.scorer = scorer
         self.metrics = metrics
         self.sample_fraction = sample_fraction
@@ -129,7 +139,15 @@ class DenseVerifier:
     @property
     def acceptance_kind(self) -> str:
         """What this verifier measures: the top-k lower bound when the engine records the sparse top-k, else exact."""
-        return TOPK_LOWER_BOUND if self.record_topk else EXACT
+        return TOPK_LOWER_BOUND if self.record_topk and not self.exact_stride else EXACT
+
+    def choose_kept(self) -> KeptPositions | None:
+        """At admission of a verified request: the positions whose sparse rows the engine keeps (every
+        ``exact_stride``-th from a random offset, chosen before any token), or None without a subsample."""
+        if not self.exact_stride:
+            return None
+        with self._lock:
+            return choose_kept_positions(self.exact_stride, self._rng)
 
     def should_verify(self, requested: bool) -> bool:
         """Decide at admission: always when requested, else with probability ``sample_fraction``."""
@@ -142,11 +160,18 @@ class DenseVerifier:
         """Score synchronously (on the calling thread) and record the metrics."""
         start = time.monotonic()
         scores = score_rollout(self.scorer, job.prompt_ids, job.completion_ids, job.schedule, job.temperature,
-                               job.adapter, job.sparse_topk, job.sparse_logits)
+                               job.adapter, job.sparse_topk, job.sparse_logits, job.rid, job.exact_keep)
         self._check_weights(job)
         result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start)
         if self.metrics is not None:
-            self.metrics.observe(job.schedule, scores.acceptance, scores.basis_lengths)
+            # Only evidence of this verifier's kind enters the windows: a rollout whose exact values are
+            # missing does not mix its lower bound into exact windows (it is counted instead).
+            if scores.evidence_kind == self.acceptance_kind:
+                self.metrics.observe(job.schedule, scores.evidence_acceptance, scores.evidence_basis_lengths)
+            else:
+                self.metrics.unscored(job.schedule, scores.n_tokens)
+            if scores.exact is not None:
+                self.metrics.exact_missing(job.schedule, len(scores.exact.missing))
         for listener in self.listeners:
             listener(job, scores)
         return result

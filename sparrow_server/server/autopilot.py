@@ -200,14 +200,15 @@ class ServerAutopilot:
         schedule: Schedule = job.schedule
         if schedule.is_dense:
             return
-        acceptance = np.asarray(scores.acceptance, dtype=np.float64)
-        basis = np.asarray(scores.basis_lengths, dtype=np.int64)
+        # The evidence: exact values at the kept positions when the engine gave them, else per-token values
+        acceptance = np.asarray(scores.evidence_acceptance, dtype=np.float64)
+        basis = np.asarray(scores.evidence_basis_lengths, dtype=np.int64)
         with self._lock:
             self._seq += 1
             self._evidence.append({"seq": self._seq, "schedule": schedule.name, "version": schedule.version,
                                    "budgets_tokens": list(schedule.budgets_tokens), "bin_tokens": schedule.bin_tokens,
                                    "weight_version": job.weight_version, "adapter": job.adapter,
-                                   "kind": scores.kind, "acceptance": acceptance.round(5).tolist(),
+                                   "kind": scores.evidence_kind, "acceptance": acceptance.round(5).tolist(),
                                    "basis_lengths": basis.tolist()})
             ctl = self._controllers.get(schedule.name)
             if ctl is None:
@@ -217,7 +218,7 @@ class ServerAutopilot:
                 ctl.adopt(current.budgets_tokens)  # replaced by a PUT meanwhile
             if schedule.bin_tokens == current.bin_tokens:
                 ctl.observe(schedule.budgets_tokens, acceptance, basis // schedule.bin_tokens, job.weight_version,
-                            job.adapter, scores.kind)
+                            job.adapter, scores.evidence_kind)
             changes = ctl.step()
             if changes:
                 new = dataclasses.replace(current, budgets_tokens=ctl.budgets, version=current.version + 1)

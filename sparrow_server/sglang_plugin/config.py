@@ -22,6 +22,10 @@ ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"
 ENV_TOPK_CAP_TOKENS = "SPARROW_TOPK_CAP_TOKENS"
 ENV_LANDMARK_DTYPE = "SPARROW_LANDMARK_DTYPE"
 ENV_SELECT_VARIANT = "SPARROW_SELECT_VARIANT"  # the selection kernels (``sparrow_server.kernels``)
+# Exact acceptance on a subsample (issue 25): every s-th generated position of a verified request
+# (0: off, the top-k lower bound only), and the scheduler's memory for the kept rows.
+ENV_EXACT_STRIDE = "SPARROW_EXACT_STRIDE"
+ENV_EXACT_MAX_MIB = "SPARROW_EXACT_MAX_MIB"
 
 DEFAULT_SCHEDULE = "dense"
 # Largest top-k (in tokens, reserved pages excluded) one decode step may select per row; budgets
@@ -30,6 +34,8 @@ DEFAULT_SCHEDULE = "dense"
 DEFAULT_TOPK_CAP_TOKENS = 1 << 20
 DEFAULT_LANDMARK_DTYPE = "bfloat16"
 LANDMARK_DTYPES = ("bfloat16", "float32")
+DEFAULT_EXACT_STRIDE = 16
+DEFAULT_EXACT_MAX_MIB = 4096
 
 
 class PluginConfigError(ValueError):
@@ -41,6 +47,17 @@ class PluginConfigError(ValueError):
         super().__init__(f"{field_name}={value!r}: {reason}")
 
 
+def _int_env(env, name: str, default: int, minimum: int) -> int:
+    text = env.get(name, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        raise PluginConfigError(name, text, "must be an integer") from None
+    if value < minimum:
+        raise PluginConfigError(name, value, f"must be >= {minimum}")
+    return value
+
+
 @dataclass(frozen=True)
 class PluginConfig:
     default_schedule: str = DEFAULT_SCHEDULE
@@ -48,6 +65,8 @@ class PluginConfig:
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
     select_variant: str = DEFAULT_SELECT_VARIANT
+    exact_stride: int = DEFAULT_EXACT_STRIDE
+    exact_max_mib: int = DEFAULT_EXACT_MAX_MIB
 
     @property
     def topk_cap_pages(self) -> int:
@@ -78,6 +97,8 @@ class PluginConfig:
         if variant not in SELECT_VARIANTS:
             raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
         return cls(
+            exact_stride=_int_env(env, ENV_EXACT_STRIDE, DEFAULT_EXACT_STRIDE, 0),
+            exact_max_mib=_int_env(env, ENV_EXACT_MAX_MIB, DEFAULT_EXACT_MAX_MIB, 0),
             default_schedule=env.get(ENV_DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),
             schedule_dir=env.get(ENV_SCHEDULE_DIR) or None,
             topk_cap_tokens=cap,

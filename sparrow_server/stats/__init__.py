@@ -14,6 +14,8 @@ _EXPORTS = {
     "sparrow_server.stats.acceptance_bounds": ("residual_sampled_estimate", "sparse_topk_dense_full_bounds",
                                                "topk_acceptance_bounds"),
     "sparrow_server.stats.beta": ("BetaTailFit", "fit_beta_tail"),
+    "sparrow_server.stats.exact_subsample": ("KeptAcceptance", "KeptPositions", "choose_kept_positions",
+                                             "kept_acceptance"),
     "sparrow_server.stats.rolling": ("RollingQuantile", "RollingTailMonitor"),
     "sparrow_server.stats.tail": ("BinQuantile", "QuantileBracket", "binned_quantile_brackets", "binned_quantiles",
                                   "bootstrap_quantile_ci", "length_bins", "subsample_bounds_quantile"),
@@ -29,6 +31,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
         residual_sampled_estimate, sparse_topk_dense_full_bounds, topk_acceptance_bounds,
     )
     from sparrow_server.stats.beta import BetaTailFit, fit_beta_tail
+    from sparrow_server.stats.exact_subsample import (
+        KeptAcceptance, KeptPositions, choose_kept_positions, kept_acceptance,
+    )
     from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
     from sparrow_server.stats.tail import (
         BinQuantile, QuantileBracket, binned_quantile_brackets, binned_quantiles, bootstrap_quantile_ci, length_bins,

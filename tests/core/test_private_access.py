@@ -25,6 +25,9 @@ ALLOWED = {
     # SGLang's paged allocator keeps its table size private (pool.size + 1 on versions without it);
     # the plug-in's hooks live inside SGLang's scheduler by design.
     ("sglang_plugin/scheduler/hooks.py", "getattr(pool, '_alloc_size', pool.size + 1)"),
+    # SGLang's LogitsProcessor computes the logits of chosen hidden rows (LM head, logit scale, TP gather,
+    # soft-cap) only in this helper; the exact-acceptance verify pass needs the dense rows of kept positions.
+    ("sglang_plugin/scheduler/exact_hooks.py", "processor._get_logits"),
     # torch has no public way to open a process group of its own (its own rendezvous, no default group):
     # new_group needs the default group and every rank of it. SGLang's init_custom_process_group (and
     # slime's, OpenRLHF's copies) build a trainer's weight-update group with these two; the server must

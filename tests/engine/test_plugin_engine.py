@@ -18,12 +18,14 @@ from sparrow_server.cli import main as cli_main
 from sparrow_server.engine.adapter_versions import AdapterManager
 from sparrow_server.engine.base import ContextLengthError, GenerationRequest, SamplingParams, UnknownAdapterError
 from sparrow_server.server.app import create_app
+from sparrow_server.sglang_plugin.config import PluginConfig
 from sparrow_server.sglang_plugin.frontend.engine import SGLangEngine, StreamState, sampling_dict
 from sparrow_server.sglang_plugin.frontend.host import mount_sparrow, serve_weight_version, sglang_argv
 from sparrow_server.sglang_plugin.scheduler.planning import plan_step
 from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer, dense_prefill_kwargs, topk_from_prefill_meta
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import parse_schedule_text, schedule_from_dict
+from sparrow_server.stats import exact_wire
 
 SPARSE = "qwen3-1.7b-0.86"
 
@@ -247,10 +249,10 @@ def _sglang_stand_in(events: list[str]) -> FastAPI:
     return app
 
 
-def _hosted(rt: FakeRuntime, **app_kwargs):
+def _hosted(rt: FakeRuntime, exact_stride: int = 0, **app_kwargs):
     events: list[str] = []
     outer = _sglang_stand_in(events)
-    engine = SGLangEngine(rt)
+    engine = SGLangEngine(rt, config=PluginConfig(exact_stride=exact_stride))
     mount_sparrow(outer, create_app(engine, ScheduleRegistry(), **app_kwargs))
     return outer, engine, events
 
@@ -311,6 +313,34 @@ def test_verified_rollout_on_sglang_reports_topk_acceptance_without_the_adapter(
     assert len(prefills) == 2 and all(c["lora_path"] is None for c in prefills)
     decodes = [c for c in rt.calls if c not in prefills]
     assert [c["top_logprobs_num"] for c in decodes] == [20, 20, 2]
+
+
+def test_verified_rollout_on_sglang_reads_exact_values_at_kept_positions_and_keeps_the_bound():
+    """With exact acceptance on a subsample, the evidence (meta, metrics) is the exact values at the kept
+    positions, the bound stays reported as such; without the payload the bound is used and labelled so."""
+    rt = FakeRuntime()
+    outer, engine, _ = _hosted(rt, exact_stride=2, verify_fraction=0.0)
+    with TestClient(outer) as client:
+        body = {"input_ids": [1, 2, 3], "verify": True, "sampling_params": {"max_new_tokens": 12, "temperature": 1.0}}
+        rt.dense_shift = 1.5
+        meta = client.post("/rollout", json=body).json()["meta"]
+        assert meta["acceptance_kind"] == "exact" and meta["verified_tokens"] == 6  # every 2nd of 12
+        assert meta["exact_missing_tokens"] == 0
+        assert meta["acceptance_lower_bound_p5"] <= meta["acceptance_p5"] + 1e-9  # a bound, below the exact
+        sparse_call = next(c for c in rt.calls if c.get("stream"))
+        kept = sparse_call["sampling_params"]["custom_params"][exact_wire.KEEP_PARAM]
+        assert kept["stride"] == 2 and kept["offset"] in (0, 1)
+        verify_call = next(c for c in rt.calls if not c.get("stream"))
+        assert verify_call["sampling_params"]["max_new_tokens"] == 1  # customized_info needs one output token
+        assert verify_call["sampling_params"]["custom_params"][exact_wire.VERIFY_PARAM]["rid"] == sparse_call["rid"]
+        text = client.get("/metrics").text
+        assert "sparrow_verified_tokens_total" in text and 'sparrow_verified_tokens_total{schedule="dense"} 6.0' in text
+        rt.exact_payload = False  # the hooks did not run: the bound, not mixed into exact windows
+        meta = client.post("/rollout", json=body).json()["meta"]
+        assert meta["acceptance_kind"] == "topk_lower_bound" and meta["verified_tokens"] == 12
+        text = client.get("/metrics").text
+        assert 'sparrow_verified_tokens_total{schedule="dense"} 6.0' in text
+        assert 'sparrow_verified_unscored_tokens_total{schedule="dense"} 12.0' in text
 
 
 def test_sglang_argv_owns_backend_flags():

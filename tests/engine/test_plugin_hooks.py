@@ -7,11 +7,12 @@ import pkgutil
 import pytest
 
 from sparrow_server.sglang_plugin.frontend import weight_preflight
-from sparrow_server.sglang_plugin.scheduler import hooks, landmarks
+from sparrow_server.sglang_plugin.scheduler import exact_hooks, hooks, landmarks
 
 
 @pytest.mark.parametrize("target", [hooks.ALLOC_TARGET, hooks.INIT_NEW_TARGET, hooks.REPLAY_VIEW_TARGET,
-                                    landmarks.FLUSH_TARGET, weight_preflight.PREFLIGHT_TARGET])
+                                    landmarks.FLUSH_TARGET, weight_preflight.PREFLIGHT_TARGET,
+                                    exact_hooks.SAMPLE_TARGET, exact_hooks.LOGITS_TARGET, exact_hooks.ABORT_TARGET])
 def test_hook_target_resolves(target):
     pytest.importorskip("sglang", reason="SGLang not installed (CPU CI); the GPU runs exercise the hooks")
     obj_path, attr = target.rsplit(".", 1)
@@ -47,7 +48,7 @@ def _stand_in_sglang(monkeypatch, choices: list[str]) -> tuple[dict, list]:
             "register_attention_backend": lambda name: lambda fn: backends.setdefault(name, fn)},
         "sglang.srt.plugins.hook_registry": {
             "HookRegistry": types.SimpleNamespace(register=lambda target, hook, kind: registered.append((target, kind))),
-            "HookType": types.SimpleNamespace(AFTER="after", AROUND="around")},
+            "HookType": types.SimpleNamespace(AFTER="after", AROUND="around", BEFORE="before")},
         "sglang.srt.server_args": {"ATTENTION_BACKEND_CHOICES": choices,
                                    "add_attention_backend_choices": choices.extend},
     }
@@ -75,5 +76,7 @@ def test_register_installs_the_backend_and_both_halves_hooks(monkeypatch):
     assert backends == {"sparrow": scheduler.create_backend} and choices == ["flashinfer", "sparrow"]
     once = [(hooks.ALLOC_TARGET, "after"), (hooks.INIT_NEW_TARGET, "after"), (hooks.REPLAY_VIEW_TARGET, "around"),
             (landmarks.FLUSH_TARGET, "after"), (landmarks.RESUME_TARGET, "after"),
+            (hooks.INIT_NEW_TARGET, "after"), (exact_hooks.SAMPLE_TARGET, "before"),
+            (exact_hooks.LOGITS_TARGET, "around"), (exact_hooks.ABORT_TARGET, "after"),
             (weight_preflight.PREFLIGHT_TARGET, "around")]
     assert registered == once + once

@@ -3,7 +3,9 @@ calls), for CPU tests of the SGLang engine's translation, adapters and verificat
 
 Token ``i`` of a request is ``(sum(prompt) + i) % vocab``; its logprob and top-k come from a
 fixed per-position distribution (``distribution``), so a dense prefill over prompt + completion
-reproduces the decode-time top-k exactly unless ``dense_shift`` perturbs it.
+reproduces the decode-time top-k exactly unless ``dense_shift`` perturbs it. A dense prefill that
+asks for exact values at kept positions (``stats.exact_wire``) gets them as the plug-in's scheduler
+would, from the full distributions (unless ``exact_payload`` is False: the hooks did not run).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import math
 from typing import Any, AsyncIterator
 
 from sparrow_server.sglang_plugin.frontend.engine import ModelFacts
+from sparrow_server.stats import exact_wire
 
 VOCAB = 64
 
@@ -37,6 +40,7 @@ class FakeRuntime:
         self.loras: dict[str, str] = {}
         self.lora_events: list[tuple[str, str]] = []
         self.token_delay_s = 0.0
+        self.exact_payload = True
 
     def model_facts(self) -> ModelFacts:
         return ModelFacts(name="fake", context_length=self.context_length, vocab_size=VOCAB, eos_token_ids=(0,))
@@ -76,7 +80,22 @@ class FakeRuntime:
         """The dense prefill: prompt logprobs from ``logprob_start_len`` on (first one has no logprob)."""
         self.calls.append(kw)
         rows = self._prompt_rows(kw["input_ids"], kw["logprob_start_len"], kw["top_logprobs_num"], self.dense_shift)
-        return {"output_ids": [], "meta_info": {**rows, "weight_version": self.weight_version}}
+        meta = {**rows, "weight_version": self.weight_version}
+        verify = exact_wire.decode_verify(kw["sampling_params"].get("custom_params"))
+        if verify is not None and self.exact_payload:
+            meta[exact_wire.RESULT_KEY] = [self._exact(verify)]
+        return {"output_ids": [], "meta_info": meta}
+
+    def _exact(self, verify: exact_wire.ExactVerify) -> dict[str, Any]:
+        """Σ min(p_sparse, p_dense) over the whole vocabulary at each kept position."""
+        positions = [int(g) for g in verify.kept.positions(verify.n_generated)]
+        values = []
+        for g in positions:
+            p = verify.prompt_len + g
+            sparse = {i: lp for lp, i in distribution(p, VOCAB)}
+            dense = {i: lp for lp, i in distribution(p, VOCAB, self.dense_shift)}
+            values.append(sum(min(math.exp(lp), math.exp(dense[i])) for i, lp in sparse.items()))
+        return {"positions": positions, "acceptance": values, "missing": []}
 
     def _prompt_rows(self, ids: list[int], start: int, k: int | None, shift: float = 0.0) -> dict[str, Any]:
         """SGLang's input logprobs of ``ids[start:]``: the first one None."""

@@ -11,6 +11,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from helpers.tiny_models import TINY_VOCAB, load_plain
+from sparrow_server.monitor.scoring import AcceptanceScores
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 from sparrow_server.server.security import SecurityConfig
@@ -196,7 +197,7 @@ def test_tokens_verified_on_new_weights_reset_the_evidence(model_dir, tmp_path):
         client.put(f"/schedules/{NAME}/autopilot", json={**PILOT, "min_tokens": 1000})
         pilot = client.app.state.autopilot
         schedule = pilot.service.schedules.get(NAME)
-        scores = SimpleNamespace(acceptance=np.full(30, 0.5), basis_lengths=np.arange(70, 100), kind="exact")  # bin 2
+        scores = AcceptanceScores(np.full(30, 0.5), np.arange(70, 100), "exact")  # bin 2
 
         def verified(weights):
             pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=weights, adapter=None), scores)
@@ -246,6 +247,6 @@ def test_a_republished_adapter_resets_the_evidence(model_dir, tmp_path):
         rollout(client, max_new_tokens=20, adapter="distill-latest")
         assert window_tokens() == ("d2", 20)
         schedule = pilot.service.schedules.get(NAME)
-        late = SimpleNamespace(acceptance=np.full(30, 0.5), basis_lengths=np.arange(40, 70), kind="exact")
+        late = AcceptanceScores(np.full(30, 0.5), np.arange(40, 70), "exact")
         pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=None, adapter="d1"), late)
         assert window_tokens() == ("d2", 20)  # admitted on d1 before the republish: ignored

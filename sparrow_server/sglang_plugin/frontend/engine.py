@@ -26,6 +26,7 @@ from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
 from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import Schedule, kv_budget_tokens
+from sparrow_server.stats import exact_wire
 
 PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
@@ -59,8 +60,13 @@ def sampling_dict(request: GenerationRequest) -> dict[str, Any]:
         out["sampling_seed"] = s.seed
     if s.stop_token_ids:
         out["stop_token_ids"] = list(s.stop_token_ids)
+    custom: dict[str, Any] = {}
     if request.schedule is not None:
-        out["custom_params"] = wire.encode_schedule(request.schedule)
+        custom.update(wire.encode_schedule(request.schedule))
+    if request.exact_keep is not None:
+        custom.update(exact_wire.encode_keep(request.exact_keep))
+    if custom:
+        out["custom_params"] = custom
     return out
 
 
@@ -150,6 +156,7 @@ class SGLangEngine(Engine):
         self._weight_version = DEFAULT_WEIGHT_VERSION  # the newest SGLang reported in a request's meta_info
         cfg = config or PluginConfig.from_env()
         self.topk_cap_pages = cfg.topk_cap_pages
+        self.exact_stride = cfg.exact_stride  # exact acceptance every s-th position of verified requests (0: off)
         # Layers every request runs dense (the stock path). Any schedule runs: a request's extra dense layers
         # are honoured (dense by budget, scheduler.layer_groups); one with fewer runs these dense too.
         self.dense_layers = cfg.server_dense_layers()
@@ -255,7 +262,8 @@ class SGLangEngine(Engine):
         """Dense verification by a dense, adapter-free prefill on this server."""
         from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer
 
-        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK)
+        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK,
+                            exact_stride=self.exact_stride)
 
 
 def build_sglang_engine(options):

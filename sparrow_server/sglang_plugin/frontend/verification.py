@@ -6,10 +6,17 @@ The sparse side is the top-k SGLang recorded while decoding (``record_topk`` = 2
 requests), so the acceptance is the top-k lower bound. SGLang returns prompt logprobs at
 temperature 1 (no temperature scaling on input positions), so only requests whose logprobs are at
 temperature 1 (``temperature`` 1, or greedy) can be verified here; others fail with a reason.
+
+Exact acceptance on a subsample (issue 25): a request admitted with kept positions
+(``stats.exact_wire.KEEP_PARAM``) had its sparse rows stored by the scheduler there; the same dense
+prefill then carries ``VERIFY_PARAM`` and returns the exact values at those positions in
+``meta_info[RESULT_KEY]``. It asks for one new token (``max_new_tokens`` 1, not 0): SGLang hands a
+request's ``customized_info`` out per output token, and a prefill-only request reports none.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Callable, Sequence
 
 import torch
@@ -17,16 +24,23 @@ import torch
 from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import dense_schedule
+from sparrow_server.stats import exact_wire
+from sparrow_server.stats.exact_subsample import KeptAcceptance, KeptPositions
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 600.0
 
 
-def dense_prefill_kwargs(prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int) -> dict[str, Any]:
-    """The ``GenerateReqInput`` fields of the dense scoring prefill."""
+def dense_prefill_kwargs(prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
+                         exact: exact_wire.ExactVerify | None = None) -> dict[str, Any]:
+    """The ``GenerateReqInput`` fields of the dense scoring prefill (``exact``: also the exact values)."""
+    custom = wire.encode_schedule(dense_schedule())
+    if exact is not None:
+        custom.update(exact_wire.encode_verify(exact))
     return {
         "input_ids": [*prompt_ids, *completion_ids],
-        "sampling_params": {"max_new_tokens": 0, "temperature": 1.0,
-                            "custom_params": wire.encode_schedule(dense_schedule())},
+        "sampling_params": {"max_new_tokens": 0 if exact is None else 1, "temperature": 1.0, "custom_params": custom},
         "return_logprob": True, "logprob_start_len": max(len(prompt_ids) - 1, 0), "top_logprobs_num": k,
         "lora_path": None,
     }
@@ -56,6 +70,15 @@ def topk_from_prefill_meta(meta: dict[str, Any], completion_ids: Sequence[int], 
     return ids, lps
 
 
+def exact_from_meta(meta: dict[str, Any], exact: exact_wire.ExactVerify) -> KeptAcceptance:
+    """The exact values the scheduler returned (checked against the kept positions); ``ValueError`` when
+    the response carries none (the plug-in's hooks did not run for this request)."""
+    payload = meta.get(exact_wire.RESULT_KEY)
+    if not isinstance(payload, list) or len(payload) != 1:
+        raise ValueError(f"meta_info[{exact_wire.RESULT_KEY!r}] = {payload!r}: expected one payload")
+    return KeptAcceptance.from_dict(payload[0], exact.kept, exact.n_generated)
+
+
 class SGLangDenseScorer:
     """A verifier scorer (``dense_topk``) running the dense prefill on SGLang's event loop.
 
@@ -74,16 +97,33 @@ class SGLangDenseScorer:
 
     def dense_topk(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
                    temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return topk_from_prefill_meta(self._prefill(prompt_ids, completion_ids, k, temperature), completion_ids, k)
+
+    def _prefill(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int, temperature: float,
+                 exact: exact_wire.ExactVerify | None = None) -> dict[str, Any]:
         if temperature != 1.0:
             raise ValueError(f"temperature = {temperature}: the SGLang engine verifies only requests sampled at "
                              "temperature 1 (or greedy); SGLang scores prompt tokens at temperature 1")
         loop = self._get_loop()
         if loop is None:
             raise RuntimeError("the SGLang engine has not started")
-        coro = self._runtime.generate(**dense_prefill_kwargs(prompt_ids, completion_ids, k))
+        coro = self._runtime.generate(**dense_prefill_kwargs(prompt_ids, completion_ids, k, exact))
         out = asyncio.run_coroutine_threadsafe(coro, loop).result(self.timeout_s)
         self._last_version = out["meta_info"].get("weight_version")
-        return topk_from_prefill_meta(out["meta_info"], completion_ids, k)
+        return out["meta_info"]
+
+    def dense_topk_exact(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int, temperature: float,
+                         rid: str, kept: KeptPositions) -> tuple[torch.Tensor, torch.Tensor, KeptAcceptance | None]:
+        """``dense_topk`` and, from the same prefill, the exact values at the positions ``kept`` of the
+        rollout ``rid`` (None, logged, when the response has none: the bound still stands)."""
+        exact = exact_wire.ExactVerify(rid, len(prompt_ids), len(completion_ids), kept)
+        meta = self._prefill(prompt_ids, completion_ids, k, temperature, exact)
+        ids, lps = topk_from_prefill_meta(meta, completion_ids, k)
+        try:
+            return ids, lps, exact_from_meta(meta, exact)
+        except ValueError as exc:
+            log.warning("rollout %s: no exact acceptance from the dense prefill (%s); the top-k bound stands", rid, exc)
+            return ids, lps, None
 
     def weight_version(self) -> str | None:
         """The weight version SGLang reported for the last dense prefill (checked against the rollout's)."""
@@ -94,4 +134,4 @@ class SGLangDenseScorer:
                          "must be recorded (record_topk > 0)")
 
 
-__all__ = ["SGLangDenseScorer", "dense_prefill_kwargs", "topk_from_prefill_meta"]
+__all__ = ["SGLangDenseScorer", "dense_prefill_kwargs", "exact_from_meta", "topk_from_prefill_meta"]

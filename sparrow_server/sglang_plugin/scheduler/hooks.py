@@ -34,7 +34,7 @@ def after_alloc(result, pool, reqs, *args, **kwargs):
     return None
 
 
-def _schedule_batch(args, kwargs):
+def schedule_batch(args, kwargs):
     batch = kwargs.get("batch")
     if batch is not None:
         return batch
@@ -42,7 +42,7 @@ def _schedule_batch(args, kwargs):
 
 
 def after_init_new(result, *args, **kwargs):
-    batch = _schedule_batch(args, kwargs)
+    batch = schedule_batch(args, kwargs)
     if batch is not None and result is not None and result.forward_mode.is_decode():
         setattr(result, ROWS_ATTR, [int(r.req_pool_idx) for r in batch.reqs])
     return None

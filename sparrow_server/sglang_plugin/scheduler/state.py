@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 from sparrow_server.sglang_plugin.config import PluginConfig
+from sparrow_server.sglang_plugin.scheduler.exact_rows import RowStore
 from sparrow_server.sglang_plugin.scheduler.side_table import ScheduleTable
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
@@ -12,6 +13,7 @@ logger = logging.getLogger(__name__)
 _config: PluginConfig | None = None
 _registry: ScheduleRegistry | None = None
 _table: ScheduleTable | None = None
+_exact: RowStore | None = None
 
 
 def config() -> PluginConfig:
@@ -40,7 +42,15 @@ def table(num_rows: int) -> ScheduleTable:
     return _table
 
 
+def exact_store() -> RowStore:
+    """The sparse rows kept for exact acceptance (``exact_rows``), bounded by ``SPARROW_EXACT_MAX_MIB``."""
+    global _exact
+    if _exact is None:
+        _exact = RowStore(max_bytes=config().exact_max_mib << 20)
+    return _exact
+
+
 def reset() -> None:
     """Forget all state (tests)."""
-    global _config, _registry, _table
-    _config = _registry = _table = None
+    global _config, _registry, _table, _exact
+    _config = _registry = _table = _exact = None

@@ -1,0 +1,217 @@
+"""Exact acceptance on kept positions in the plug-in's scheduler hooks (issue 25), on stand-ins for
+SGLang's batch objects (CPU): rows stored only at kept positions, freed by the verify pass or an abort,
+and the verify pass's values equal to float64 exact acceptance of the same rows, which an off-by-one
+position or rows kept as raw bfloat16 logits would miss."""
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from sparrow_server.sglang_plugin.scheduler import exact_hooks, exact_verify, state
+from sparrow_server.stats import exact_wire
+from sparrow_server.stats.acceptance import exact_acceptance
+from sparrow_server.stats.exact_subsample import KeptPositions
+
+H, V, P, N = 16, 512, 5, 40
+KEPT = KeptPositions(offset=3, stride=8)  # generated positions 3, 11, 19, 27, 35
+TOL = 2e-3
+
+
+class Mode:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def is_decode(self):
+        return self.kind == "decode"
+
+    def is_extend(self):
+        return self.kind == "extend"
+
+
+def _req(rid, custom_params=None, prompt_len=P):
+    return types.SimpleNamespace(rid=rid, origin_input_ids=list(range(prompt_len)), customized_info=None,
+                                 sampling_params=types.SimpleNamespace(custom_params=custom_params))
+
+
+def _decode(reqs, seq_lens):
+    batch = types.SimpleNamespace(reqs=reqs, forward_mode=Mode("decode"), seq_lens_cpu=torch.tensor(seq_lens))
+    fb = types.SimpleNamespace(forward_mode=Mode("decode"), seq_lens_cpu=torch.tensor(seq_lens))
+    exact_hooks.after_init_new(fb, batch)
+    return fb
+
+
+def _extend(reqs, prefix, extend):
+    batch = types.SimpleNamespace(reqs=reqs, forward_mode=Mode("extend"))
+    fb = types.SimpleNamespace(forward_mode=Mode("extend"), extend_prefix_lens_cpu=list(prefix),
+                               extend_seq_lens_cpu=list(extend))
+    exact_hooks.after_init_new(fb, batch)
+    return fb
+
+
+def _sample(fb, logits):
+    exact_hooks.before_sample(object(), types.SimpleNamespace(next_token_logits=logits), fb)
+
+
+class Processor:
+    """The LogitsProcessor's LM head: bfloat16 matmul, then float32 (as SGLang's ``_get_logits``)."""
+
+    def _get_logits(self, hidden, lm_head, meta, use_logits_buffer=True):
+        return (hidden.to(torch.bfloat16) @ lm_head.to(torch.bfloat16)).float()
+
+
+@pytest.fixture
+def world(monkeypatch):
+    state.reset()
+    monkeypatch.setattr(exact_hooks, "_logits_metadata", lambda m: m)  # no SGLang: the processor ignores it
+    monkeypatch.setattr(exact_hooks, "_pending", None)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(H, V, generator=g) * 2
+    dense_hidden = torch.randn(P + N, H, generator=g)  # input position -> dense final hidden state
+    sparse_logits = (dense_hidden[P - 1:P + N - 1] @ w) + 0.7 * torch.randn(N, V, generator=g) + 30  # g -> row
+    yield types.SimpleNamespace(w=w, dense_hidden=dense_hidden, sparse=sparse_logits)
+    state.reset()
+
+
+def _rollout(world, rid="r1", kept=KEPT):
+    """Prefill then decode positions 1..N-1 of ``rid`` beside a request that keeps nothing."""
+    other, req = _req("other"), _req(rid, exact_wire.encode_keep(kept))
+    fb = _extend([other, req], [0, 0], [P, P])
+    _sample(fb, torch.stack([torch.zeros(V), world.sparse[0]]))
+    for g in range(1, N):
+        fb = _decode([other, req], [P + g, P + g])
+        _sample(fb, torch.stack([torch.zeros(V), world.sparse[g]]))
+    return req
+
+
+def _verify(world, rid="r1", kept=KEPT, chunks=((0, 20), (20, P + N - 20))):
+    """The dense verify prefill in chunks, after a 3-token request in the same batch."""
+    verify = _req("v-" + rid, exact_wire.encode_verify(exact_wire.ExactVerify(rid, P, N, kept)))
+    other = _req("x", prompt_len=3)
+    proc = Processor()
+    for prefix, extend in chunks:
+        fb = _extend([other, verify], [0, prefix], [3, extend])
+        hidden = torch.cat([torch.zeros(3, H), world.dense_hidden[prefix:prefix + extend]])
+
+        def original(processor, *args, **kwargs):
+            return "out"
+
+        assert exact_hooks.around_logits_forward(original, proc, None, hidden, world.w, fb) == "out"
+    return verify
+
+
+def _truth(world, positions):
+    dense = (world.dense_hidden[P - 1:P + N - 1].to(torch.bfloat16) @ world.w.to(torch.bfloat16)).double()
+    return exact_acceptance(world.sparse.double()[positions], dense[positions]).numpy()
+
+
+def _payload(req):
+    info = req.customized_info or {}
+    (payload,) = info[exact_wire.RESULT_KEY]
+    return payload
+
+
+def _check(world, payload):
+    expected = KEPT.positions(N).tolist()
+    assert payload["positions"] == expected and payload["missing"] == []
+    assert np.abs(np.array(payload["acceptance"]) - _truth(world, expected)).max() < TOL
+
+
+def test_rows_are_stored_only_at_kept_positions_and_freed_by_the_verify_pass(world):
+    req = _rollout(world)
+    store = state.exact_store()
+    entry = store.entry("r1")
+    assert sorted(entry.rows) == KEPT.positions(N).tolist() and store.entry("other") is None
+    assert all(r.dtype == torch.float16 and r.shape == (V,) and float(r.max()) == 0 for r in entry.rows.values())
+    assert store.bytes == len(entry.rows) * V * 2
+    assert req.customized_info is None
+    verify = _verify(world)
+    _check(world, _payload(verify))
+    assert store.entry("r1") is None and store.bytes == 0 and len(store) == 0
+
+
+def test_the_verify_pass_in_one_chunk_gives_the_same_values(world):
+    _rollout(world)
+    _check(world, _payload(_verify(world, chunks=((0, P + N),))))
+
+
+def test_an_off_by_one_row_position_would_fail_the_check(world, monkeypatch):
+    _rollout(world)
+    monkeypatch.setattr(exact_wire.ExactVerify, "row_position", lambda self, g: self.prompt_len + g)
+    with pytest.raises(AssertionError):
+        _check(world, _payload(_verify(world)))
+
+
+def test_rows_kept_as_raw_bfloat16_logits_would_fail_the_check(world, monkeypatch):
+    monkeypatch.setattr(exact_hooks, "compact_logits", lambda row: row.to(torch.bfloat16))
+    monkeypatch.setattr(exact_verify, "kept_acceptance", lambda s, d: exact_acceptance(s.float(), d.float()))
+    _rollout(world)
+    with pytest.raises(AssertionError):
+        _check(world, _payload(_verify(world)))
+
+
+def test_a_request_without_kept_positions_stores_nothing(world):
+    req = _req("plain")
+    for g in range(1, 10):
+        fb = _decode([req], [P + g])
+        assert getattr(fb, exact_hooks.CAPTURES_ATTR) == []
+        _sample(fb, torch.randn(1, V))
+    assert len(state.exact_store()) == 0
+
+
+def test_an_abort_frees_the_rows(world):
+    _rollout(world, rid="abc-0")
+    exact_hooks.after_abort(None, object(), types.SimpleNamespace(rid="abc", abort_all=False))
+    assert len(state.exact_store()) == 0 and state.exact_store().bytes == 0
+
+
+def test_a_re_prefilled_position_is_reported_missing_not_filled_with_a_dense_row(world):
+    """A retracted request is re-prefilled (prompt + its tokens so far) through the dense extend path:
+    the row it gives for the next position is not sparse decode's, so that position is invalid; an
+    earlier chunk of the re-prefill leaves the rows already kept alone."""
+    other, req = _req("other"), _req("r1", exact_wire.encode_keep(KEPT))
+    fb = _extend([req], [0], [P])
+    _sample(fb, world.sparse[:1])
+    for g in range(1, 11):
+        _sample(_decode([other, req], [P + g, P + g]), torch.stack([torch.zeros(V), world.sparse[g]]))
+    _sample(_extend([req], [0], [P + 3]), world.sparse[3:4] * 0)  # a middle chunk ending at position 3
+    _sample(_extend([req], [P + 3], [8]), world.sparse[11:12] * 0)  # the last chunk: position 11, dense
+    for g in range(12, N):
+        _sample(_decode([req], [P + g]), world.sparse[g:g + 1])
+    payload = _payload(_verify(world))
+    assert payload["missing"] == [11]
+    assert payload["positions"] == [3, 19, 27, 35]
+    assert np.abs(np.array(payload["acceptance"]) - _truth(world, [3, 19, 27, 35])).max() < TOL
+
+
+def test_a_full_store_refuses_rows_and_reports_them_missing(world, monkeypatch):
+    state.exact_store().max_bytes = 2 * V * 2  # two rows
+    _rollout(world)
+    assert state.exact_store().refused_rows == 3
+    payload = _payload(_verify(world))
+    assert payload["positions"] == [3, 11] and payload["missing"] == [19, 27, 35]
+
+
+def test_a_verify_request_for_rows_never_stored_reports_every_position_missing(world):
+    payload = _payload(_verify(world, rid="never"))
+    assert payload["positions"] == [] and payload["missing"] == KEPT.positions(N).tolist()
+
+
+def test_a_replay_batch_object_without_the_jobs_uses_the_pending_extend(world):
+    """A prefill graph's body-capture replay hands the logits processor a batch object of its own."""
+    _rollout(world)
+    verify = _req("v", exact_wire.encode_verify(exact_wire.ExactVerify("r1", P, N, KEPT)))
+    _extend([verify], [0], [P + N])
+    replay = types.SimpleNamespace(forward_mode=Mode("extend"), extend_seq_lens_cpu=[P + N])
+    exact_hooks.around_logits_forward(lambda *a, **k: None, Processor(), None, world.dense_hidden, world.w, replay)
+    _check(world, _payload(verify))
+    other = types.SimpleNamespace(forward_mode=Mode("extend"), extend_seq_lens_cpu=[7])  # lengths differ: not used
+    assert exact_hooks._jobs_for(other) == []
+
+
+def test_a_bad_parameter_is_ignored_with_a_warning(world, caplog):
+    req = _req("bad", {exact_wire.KEEP_PARAM: {"offset": 0, "stride": 0}})
+    fb = _decode([req], [P + 1])
+    assert getattr(fb, exact_hooks.CAPTURES_ATTR) == [] and "stride" in caplog.text

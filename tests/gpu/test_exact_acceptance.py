@@ -1,0 +1,141 @@
+"""Exact acceptance on kept positions (issue 25) on the GPU: the values the plug-in's scheduler computes
+(sparse rows stored at decode, compared in the dense verify prefill) against an independent computation
+from SGLang's own full-vocabulary logprobs of the same two passes.
+
+Tiny random Qwen3 (vocab 4,096, ``lm_head_std`` 0.5, ``attn_scale`` 2: peaked, context-dependent), served
+with the ``sparrow`` backend, under CUDA graphs and eagerly. One 1.5K-token prompt under the 512-token
+preset, sampled at temperature 1 with ``top_logprobs_num`` = the vocabulary (the sparse distribution of
+every generated token), kept positions every 4th from offset 1; then the dense verify prefill of prompt +
+completion with the same full top logprobs (the dense distribution predicting each completion token).
+The independent value is ``Σ min(p_sparse, p_dense)`` in float64 over those full lists; the plug-in's must
+match it within ``TOL`` at every kept position, none missing, and an off-by-one comparison must not (the
+check has teeth). A second verify request for the same rollout finds its rows freed. Results go to
+``$OUT/exact_acceptance.json``. Break ``exact_capture_off_by_one`` (``benchmarks/gpu_host/breaks.py``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from sparrow_server.sparsity import wire  # noqa: E402
+from sparrow_server.sparsity.schedule import dense_schedule  # noqa: E402
+from sparrow_server.stats import exact_wire  # noqa: E402
+from sparrow_server.stats.exact_subsample import KeptPositions  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 4096  # benchmarks/sglang_server.write_tiny_checkpoint
+ATTN_SCALE = 2.0
+SPARSE = "qwen3-1.7b-0.86"
+PROMPT_TOKENS, NEW = 1500, 64
+KEPT = KeptPositions(offset=1, stride=4)
+TOL = 5e-3  # both sides from the same float32 logits; the stored row is float16 logits - max
+COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-tokens", "32768", "--cuda-graph-max-bs", "8",
+          "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8",
+          "--attention-backend", "sparrow"]
+PORT = 31700 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))
+
+
+def _out(tmp) -> Path:
+    return Path(os.environ.get("OUT", tmp))
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("exact_acceptance")
+
+
+@pytest.fixture(scope="module")
+def model(tmp):
+    import sglang_server as S
+
+    return S.write_tiny_checkpoint(tmp / "tiny-qwen3", seed=0, lm_head_std=0.5, attn_scale=ATTN_SCALE)
+
+
+def _post(base: str, payload: dict) -> dict:
+    req = urllib.request.Request(base + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=900) as r:
+        return json.loads(r.read())
+
+
+def _probs(entries) -> dict[int, float]:
+    return {int(e[1]): math.exp(float(e[0])) for e in entries}
+
+
+def _sigma_min(sparse: dict[int, float], dense: dict[int, float]) -> float:
+    return sum(min(p, dense.get(i, 0.0)) for i, p in sparse.items())
+
+
+def _run(base: str, rid: str) -> dict:
+    prompt = [random.Random(25).randrange(10, 4000) for _ in range(PROMPT_TOKENS)]
+    sparse = _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
+                          "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
+                                              "sampling_seed": 7, "custom_params": {wire.SCHEDULE_PARAM: SPARSE,
+                                                                                    **exact_wire.encode_keep(KEPT)}}})
+    completion = list(sparse["output_ids"])
+    verify = exact_wire.ExactVerify(rid, len(prompt), len(completion), KEPT)
+
+    def dense_pass():
+        return _post(base, {"input_ids": prompt + completion, "return_logprob": True, "top_logprobs_num": VOCAB,
+                            "logprob_start_len": len(prompt) - 1,
+                            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
+                                                "custom_params": {**wire.encode_schedule(dense_schedule()),
+                                                                  **exact_wire.encode_verify(verify)}}})
+    dense = dense_pass()
+    again = dense_pass()  # the rows were freed by the first: every kept position missing
+    sparse_rows = [_probs(row) for row in sparse["meta_info"]["output_top_logprobs"]]
+    dense_rows = [_probs(row) for row in dense["meta_info"]["input_top_logprobs"][-len(completion):]]
+    independent = [_sigma_min(s, d) for s, d in zip(sparse_rows, dense_rows)]
+    return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
+            "again": again["meta_info"].get(exact_wire.RESULT_KEY), "independent": independent,
+            "shifted": [_sigma_min(s, d) for s, d in zip(sparse_rows[1:], dense_rows[:-1])]}
+
+
+def _serve(tmp, model, name: str, args: list[str]) -> dict:
+    import sglang_server as S
+
+    with S.Server(model, COMMON + args, _out(tmp) / f"server-{name}.log", port=PORT) as srv:
+        res = _run(srv.base, f"exact-{name}")
+    out = _out(tmp) / "exact_acceptance.json"
+    saved = json.loads(out.read_text()) if out.exists() else {}
+    out.write_text(json.dumps(saved | {name: res}))
+    return res
+
+
+@pytest.fixture(scope="module", params=["graph", "eager"])
+def result(request, tmp, model):
+    return _serve(tmp, model, request.param, [] if request.param == "graph" else ["--disable-cuda-graph"])
+
+
+def test_exact_values_match_the_full_logprobs_at_every_kept_position(result):
+    payload = result["payload"]
+    assert isinstance(payload, list) and len(payload) == 1, f"no exact payload in meta_info: {payload!r}"
+    got = payload[0]
+    kept = KEPT.positions(result["n"]).tolist()
+    assert got["positions"] == kept and got["missing"] == []
+    want = [result["independent"][g] for g in kept]
+    diffs = [abs(a - b) for a, b in zip(got["acceptance"], want)]
+    assert max(diffs) < TOL, list(zip(kept, got["acceptance"], want))
+    assert min(want) < 0.99  # the sparse rollout really differs from dense somewhere: the check is not vacuous
+
+
+def test_an_off_by_one_comparison_would_fail(result):
+    got = result["payload"][0]
+    shifted = [result["shifted"][g - 1] for g in got["positions"] if g >= 1]
+    values = [a for g, a in zip(got["positions"], got["acceptance"]) if g >= 1]
+    assert max(abs(a - b) for a, b in zip(values, shifted)) > 10 * TOL
+
+
+def test_the_verify_pass_frees_the_rows(result):
+    again = result["again"][0]
+    assert again["positions"] == [] and again["missing"] == KEPT.positions(result["n"]).tolist()
