@@ -76,8 +76,8 @@ class RunConfig:
     loss: str = "k3"
     seed: int = 0
     deadline_s: float = 480.0
-    gen_until_s: float = 230.0
-    eval_reserve_s: float = 75.0
+    gen_until_s: float = 220.0
+    eval_reserve_s: float = 90.0
     server_timeout_s: float = 240.0
     port: int = 31700
     threads: int = 0

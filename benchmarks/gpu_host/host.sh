@@ -7,10 +7,12 @@
 # 4: calibrate --server on the production engine, held-out check, dense vs sparse throughput.
 # 5: GRPO on two GPUs (grpo_gpu.py): trainers on GPU 0, servers on GPU 1, NCCL each step; needs stage 3's
 #    converted model (stage 3 with XE=0 converts without the cross-engine test). GRPO_ARGS adds arguments.
+# 6: DistillSparse on one GPU (distill_gpu.py): sparse rollouts on serve --engine sglang, LoRA on cuda, held-out
+#    p5 per bin against benchmarks/distill/decision_rule.json; needs stage 3's converted model. DISTILL_ARGS adds arguments.
 # /tmp survives between calls only while the host stays warm (~30 s): a stage that finds the kit or an
 # earlier part missing says so and exits 3 (start again from call 1).
 set -uo pipefail
-STAGE="${1:?stage 1-5}"
+STAGE="${1:?stage 1-6}"
 R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
@@ -136,7 +138,15 @@ EOF
     --calibrated "$CAL" --deadline-s "$(left 90 480)" ${GRPO_ARGS:-} 2>&1 | tee "$W/grpo/grpo.log"
   RC=${PIPESTATUS[0]}
   ;;
-*) echo "stage must be 1-5" >&2; exit 2 ;;
+6)
+  [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
+  mkdir -p "$W/distill"  # its log goes into the packed logs: OUT takes at most 8 files (4 from --pack)
+  timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/distill_gpu.py "$W/distill" --pack "$OUT" --model-dir "$(model_dir)" \
+    --port $PORT --deadline-s "$(left 60 480)" ${DISTILL_ARGS:-} 2>&1 | tee "$W/distill/distill.log"
+  RC=${PIPESTATUS[0]}
+  cp "$W/distill/distill.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
+  ;;
+*) echo "stage must be 1-6" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
 exit "${RC:-0}"

@@ -196,3 +196,15 @@ def test_dry_run_packs_at_most_8_files(dry_run):
     with tarfile.open(tmp / "out" / "distill_logs.tar.xz") as tar:
         names = set(tar.getnames())
     assert {"server.log", "rollouts-heldout.jsonl", "rollouts-train.jsonl", "adapter/sparrow_adapter.json"} <= names
+
+
+def test_host_stage_6_runs_the_runner_under_its_deadline():
+    host = GPU_HOST / "host.sh"
+    assert subprocess.run(["bash", "-n", str(host)], capture_output=True).returncode == 0
+    text = host.read_text()
+    block = text[text.index("\n6)\n"):text.index("\n*)")]
+    assert 'timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/distill_gpu.py' in block
+    assert '--pack "$OUT"' in block and '--deadline-s "$(left 60 480)"' in block and "${DISTILL_ARGS:-}" in block
+    assert 'model_dir)/config.json" ] || {' in block and "exit 3" in block  # a cold host says so
+    config = distill_gpu.RunConfig(out=Path("w"), model_dir=Path("m"), deadline_s=480)
+    assert config.gen_until_s + config.eval_reserve_s < config.deadline_s <= 9 * 60 - 60
