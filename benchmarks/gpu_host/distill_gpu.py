@@ -66,8 +66,8 @@ class RunConfig:
     samples_per_prompt: int = 1
     heldout_samples: int = 2
     n_heldout_prompts: int = 40
-    concurrency: int = 128
-    cuda_graph_max_bs: int = 128
+    concurrency: int = 64  # requests in flight; 64 with graphs up to 64 is what sglang_throughput.py ran on the GPU
+    cuda_graph_max_bs: int = 64
     rank: int = 16
     alpha: float = 16.0
     lr: float = 2e-4

@@ -1,6 +1,6 @@
 """The rollout server of the DistillSparse GPU run: ``sparrow-server serve`` on the converted model, SmolLM2's
-study settings (``smollm2.py``) with CUDA graphs up to ``--cuda-graph-max-bs`` (the run keeps ``--concurrency``
-requests in flight; past the largest captured batch SGLang decodes eagerly, several times slower)."""
+study settings (``smollm2.py``) with CUDA graphs up to ``--cuda-graph-max-bs`` and ``--concurrency`` requests running
+(past the largest captured batch SGLang decodes eagerly, several times slower)."""
 from __future__ import annotations
 
 import sys
@@ -15,7 +15,7 @@ def server_args(config: Any) -> list[str]:
 
     args = list(smollm2.SERVER_ARGS)
     args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
-    return ["--", *args]
+    return ["--", *args, "--max-running-requests", str(config.concurrency)]
 
 
 def start_server(config: Any, clock: Any) -> tuple[Any, str]:

@@ -135,7 +135,8 @@ def test_gpu_defaults_drop_pages_and_capture_graphs_for_the_concurrency(tmp_path
     assert (config.device, config.dtype, config.rollouts, config.engine) == ("cuda", "float32", "server", "sglang")
     distill_server = importlib.import_module("distill_server")
     args = distill_server.server_args(config)
-    assert args[0] == "--" and args[args.index("--cuda-graph-max-bs") + 1] == str(config.concurrency)
+    assert args[0] == "--" and args[args.index("--cuda-graph-max-bs") + 1] == str(config.concurrency) == "64"
+    assert args[args.index("--max-running-requests") + 1] == "64"
     assert distill_gpu.distill_config(config, 1000).steps == 250  # 2 epochs of 1,000 rollouts in batches of 8
 
 
