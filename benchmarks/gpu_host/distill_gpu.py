@@ -215,6 +215,13 @@ def load(config: RunConfig) -> Any:
     return load_model(config.model_dir, device=config.device, dtype=getattr(torch, config.dtype))
 
 
+def tokenizer(config: RunConfig) -> Any:
+    """The converted model's tokenizer alone (saved next to its weights), without touching the GPU."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(config.model_dir))
+
+
 def distill_config(config: RunConfig, n_train: int) -> Any:
     from sparrow_server.distill.config import DistillConfig
 
@@ -255,11 +262,10 @@ def run(config: RunConfig, clock: Clock, rule: Any) -> dict[str, Any]:
     from sparrow_server.distill.artifact import report_to_dict
 
     tight, looser = schedules(config)
-    loaded = load(config)
-    held_ids, train_ids = prompt_sets(config, loaded.tokenizer)
+    loaded = load(config) if config.rollouts == "engine" else None  # the server loads its own copy
+    held_ids, train_ids = prompt_sets(config, loaded.tokenizer if loaded else tokenizer(config))
     log(clock, f"prompts: {len(held_ids)} held-out, {len(train_ids)} training; tight {tight.id}, looser {looser.id}")
-    if config.rollouts == "server":
-        del loaded  # the server loads its own copy; training loads a fresh one
+    if loaded is None:
         held, train_set, used = server_rollouts(config, clock, held_ids, train_ids, tight)
     else:
         held, train_set, used = engine_rollouts(config, clock, loaded.model, held_ids, train_ids, tight)
