@@ -150,7 +150,7 @@ def sampling_for(config: RunConfig, prompts: Sequence[tuple[int, ...]]) -> Any:
 
 
 def sample_all(config: RunConfig, clock: Clock, source: Any, held: list, train: list, schedule: Any) -> tuple[list, list, int]:
-    """Held-out rollouts (all), then training rollouts chunk by chunk until ``gen_until_s``.
+    """Held-out rollouts (all), then training rollouts chunk by chunk until ``gen_until_s`` (one chunk at least).
 
     Each chunk's seeds are offset (``_with_seed`` restarts at the base per call). Returns (held-out
     rollouts with their prompt index, training rollouts, training prompts used)."""
@@ -162,7 +162,7 @@ def sample_all(config: RunConfig, clock: Clock, source: Any, held: list, train: 
     log(clock, f"held-out: {len(held_rollouts)} rollouts of {sampling.max_new_tokens} new tokens")
     chunk = max(1, config.concurrency // config.samples_per_prompt)
     out, used = [], 0
-    while used < len(train) and clock.elapsed() < config.gen_until_s:
+    while used < len(train) and (used == 0 or clock.elapsed() < config.gen_until_s):  # one chunk at least
         seeded = replace(sampling, seed=config.seed + 1_000_000 * (1 + used // chunk))
         out += generate_rollouts(source, train[used:used + chunk], schedule, seeded, config.samples_per_prompt)
         used = min(used + chunk, len(train))

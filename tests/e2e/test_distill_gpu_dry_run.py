@@ -140,6 +140,44 @@ def test_gpu_defaults_drop_pages_and_capture_graphs_for_the_concurrency(tmp_path
     assert distill_gpu.distill_config(config, 1000).steps == 250  # 2 epochs of 1,000 rollouts in batches of 8
 
 
+class _FakeSource:
+    """Stands in for the server: each call records its prompts and seed and returns 3 tokens per sample."""
+
+    def __init__(self, clock, step_s):
+        self.calls, self.clock, self.step_s = [], clock, step_s
+
+    def generate(self, prompts, schedule, sampling, samples_per_prompt, progress=None):
+        from sparrow_server.calibrate.sources import Rollout as Raw
+
+        self.calls.append((len(prompts), sampling.seed))
+        self.clock.now += self.step_s
+        return [Raw(tuple(p), (1, 2, 3)) for p in prompts for _ in range(samples_per_prompt)]
+
+
+class _FakeClock:
+    now = 0.0
+
+    def elapsed(self):
+        return self.now
+
+
+def test_sampling_stops_at_its_time_with_one_training_chunk_at_least(tmp_path):
+    config = distill_gpu.RunConfig(out=tmp_path, model_dir=tmp_path, concurrency=4, heldout_samples=2, gen_until_s=100)
+    tight, _ = distill_gpu.schedules(config)
+    held, train = [(1, 2, 3)] * 3, [(4, 5, i) for i in range(40)]
+    clock = _FakeClock()
+    source = _FakeSource(clock, step_s=30)
+    rollouts, out, used = distill_gpu.sample_all(config, clock, source, held, train, tight)
+    assert [c for _, c in rollouts] == [0, 0, 1, 1, 2, 2] and all(r.n_generated == 3 for r, _ in rollouts)
+    assert used == 12 and len(out) == 12  # chunks of 4 at 30, 60, 90 s; the 120 s mark stops it
+    seeds = [seed for _, seed in source.calls]
+    assert len(set(seeds)) == len(seeds)  # every chunk its own seeds
+    late = _FakeClock()
+    late.now = 500.0  # the held-out rollouts already ran past gen_until_s
+    _, out, used = distill_gpu.sample_all(config, late, _FakeSource(late, 30), held, train, tight)
+    assert used == 4 and len(out) == 4
+
+
 # ----- end to end on CPU ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
