@@ -277,8 +277,12 @@ def run(config: RunConfig, clock: Clock, rule: Any) -> dict[str, Any]:
     peft_model, report = train(config, clock, train_set, tight)
     train_s = clock.elapsed() - gen_s
     log(clock, f"trained {report.steps} steps on {report.n_train} rollouts ({report.n_train_tokens} tokens)")
+    if report.steps == 0:
+        log(clock, "WARNING: no training step ran before the reserve (the adapter is its zero initialisation)")
     save_adapter(peft_model, report, config.out / "adapter")
+    log(clock, f"scoring {len(held)} held-out rollouts under 3 arms")
     acc = evaluate(peft_model, held, tight, looser)
+    log(clock, "scored; bootstrap per bin")
     tokens = pooled(acc, [r.prompt_len for r, _ in held], [c for _, c in held])
     record = {"config": {f.name: str(getattr(config, f.name)) for f in fields(config)}, "training": report_to_dict(report),
               "n_train_prompts_used": used, "n_train_rollouts": len(train_set), "n_heldout_rollouts": len(held),
