@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Runs ON the GPU host, from this code's root (the extracted .gpu16/code.tar.gz), one stage per device call:
-#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4
+#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4|5|6
 # 1: install the kit (R/.kit, R/.whl), keep model part 1.          (carry .whl .kit .gpu16 .model1)
 # 2: keep part 2; compile SmolLM2's kernels on dummy weights.       (carry .gpu16 .model2)
 # 3: keep part 3, reassemble + sha256, convert; cross-engine GPU test at 8K (graphs) + selections (eager).
 # 4: calibrate --server on the production engine, held-out check, dense vs sparse throughput.
 # 5: GRPO on two GPUs (grpo_gpu.py): trainers on GPU 0, servers on GPU 1, NCCL each step; needs stage 3's
 #    converted model (stage 3 with XE=0 converts without the cross-engine test). GRPO_ARGS adds arguments.
+# 6: DistillSparse on one GPU: tests/engine/test_distill_cuda.py (DISTILL_TEST=0 skips), then distill_gpu.py (sparse
+#    rollouts on serve --engine sglang, LoRA on cuda, held-out p5 per bin against benchmarks/distill/decision_rule.json);
+#    needs stage 3's converted model (XE=0 is enough). DISTILL_ARGS adds arguments.
 # /tmp survives between calls only while the host stays warm (~30 s): a stage that finds the kit or an
 # earlier part missing says so and exits 3 (start again from call 1).
 set -uo pipefail
-STAGE="${1:?stage 1-5}"
+STAGE="${1:?stage 1-6}"
 R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
@@ -136,7 +139,19 @@ EOF
     --calibrated "$CAL" --deadline-s "$(left 90 480)" ${GRPO_ARGS:-} 2>&1 | tee "$W/grpo/grpo.log"
   RC=${PIPESTATUS[0]}
   ;;
-*) echo "stage must be 1-5" >&2; exit 2 ;;
+6)
+  [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
+  mkdir -p "$W/distill"  # its log goes into the packed logs: OUT takes at most 8 files (4 from --pack)
+  if [ "${DISTILL_TEST:-1}" = 1 ]; then  # the library on cuda first (~30 s): a failure here explains a failed run
+    timeout -s INT 90 python3 -m pytest -q -p no:cacheprovider -rA tests/engine/test_distill_cuda.py > "$OUT/test_distill_cuda.log" 2>&1
+    TRC=$?; log "tests/engine/test_distill_cuda.py exited $TRC ($(tail -1 "$OUT/test_distill_cuda.log"))"
+  fi
+  timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/distill_gpu.py "$W/distill" --pack "$OUT" --model-dir "$(model_dir)" \
+    --port $PORT --deadline-s "$(left 60 470)" ${DISTILL_ARGS:-} 2>&1 | tee "$W/distill/distill.log"
+  RC=${PIPESTATUS[0]}
+  cp "$W/distill/distill.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
+  ;;
+*) echo "stage must be 1-6" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
 exit "${RC:-0}"

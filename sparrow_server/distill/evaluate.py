@@ -54,14 +54,18 @@ def summarise(acceptance: np.ndarray, lengths: np.ndarray, bin_tokens: int, q: f
 
 
 class AcceptanceProbe:
-    """Held-out rollouts with their dense logits, computed once (adapter disabled, stock attention)."""
+    """Held-out rollouts with their dense logits, computed once (adapter disabled, stock attention).
+
+    The dense logits ([G, V] float32 per rollout) are kept in host memory: on a GPU, a few dozen
+    rollouts of 2K tokens at SmolLM2's 49K vocabulary would otherwise hold tens of GiB of device
+    memory for the whole run. For many long rollouts use ``score_arms`` (nothing kept)."""
 
     def __init__(self, model: Any, rollouts: Sequence[Rollout]):
         if not rollouts:
             raise ValueError("rollouts: empty, nothing to measure acceptance on")
         self.rollouts = list(rollouts)
         scorer = HFScorer(model)
-        self._dense = [scorer.dense_logits(_prompt(r), _completion(r)) for r in self.rollouts]  # each [G, V]
+        self._dense = [scorer.dense_logits(_prompt(r), _completion(r)).cpu() for r in self.rollouts]  # each [G, V]
 
     def measure(self, model: Any, schedule: Schedule, temperature: float, adapter: str | None) -> AcceptanceSummary:
         """Acceptance of ``model`` with ``adapter`` (None: no adapter) under ``schedule``."""
@@ -69,9 +73,36 @@ class AcceptanceProbe:
         acc, lengths = [], []
         for rollout, dense in zip(self.rollouts, self._dense):
             sparse = scorer.sparse_logits(_prompt(rollout), _completion(rollout), schedule, adapter)
-            acc.append(chunked_exact_acceptance(sparse, dense, temperature))
+            acc.append(chunked_exact_acceptance(sparse, dense.to(sparse.device), temperature))
             lengths.append(completion_basis_lengths(schedule, rollout.prompt_len, rollout.n_generated))
         return summarise(np.concatenate(acc), np.concatenate(lengths), schedule.bin_tokens)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One (schedule, adapter) pair to score rollouts under; ``adapter`` None: the base model."""
+
+    name: str
+    schedule: Schedule
+    adapter: str | None = None
+
+
+def score_arms(model: Any, rollouts: Sequence[Rollout], arms: Sequence[Arm], temperature: float) -> dict[str, list[np.ndarray]]:
+    """Exact acceptance of every generated token of each rollout under each arm: ``{arm: [[G] per rollout]}``.
+
+    One dense forward per rollout, shared by the arms and dropped before the next rollout, so
+    device memory stays at one rollout's logits however many rollouts there are."""
+    if len({a.name for a in arms}) != len(arms):
+        raise ValueError(f"arms: names must be distinct, got {[a.name for a in arms]}")
+    scorer = HFScorer(model)
+    out: dict[str, list[np.ndarray]] = {a.name: [] for a in arms}
+    for rollout in rollouts:
+        dense = scorer.dense_logits(_prompt(rollout), _completion(rollout))
+        for arm in arms:
+            sparse = scorer.sparse_logits(_prompt(rollout), _completion(rollout), arm.schedule, arm.adapter)
+            out[arm.name].append(chunked_exact_acceptance(sparse, dense.to(sparse.device), temperature))
+        del dense
+    return out
 
 
 def _prompt(r: Rollout) -> tuple[int, ...]:

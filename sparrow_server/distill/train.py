@@ -124,6 +124,7 @@ def train_lora(
     heldout: Sequence[Rollout] | None = None,
     log: Callable[[str], None] | None = None,
     compare_schedules: Sequence[Schedule] = (),
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[Any, DistillReport]:
     """Train a LoRA on ``rollouts`` so the sparse actor under ``schedule`` matches the dense base.
 
@@ -131,6 +132,8 @@ def train_lora(
     ``config.heldout_fraction`` of ``rollouts`` is split off (none when the fraction is 0).
     ``compare_schedules``: also measure these schedules on the held-out rollouts without any
     adapter (e.g. the looser calibrated schedule), into ``report.extra["compare"]``.
+    ``stop``: asked before each step; True ends training there (a caller's deadline), and the
+    report's ``steps`` is the number of steps taken (``extra["stopped_early"]`` set).
     Returns (peft model, report). ``base_model`` is modified in place (peft injects the LoRA).
     """
     log = log or (lambda _msg: None)
@@ -158,6 +161,9 @@ def train_lora(
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     curve = []
     for step, batch in enumerate(batches(len(train), config.batch, config.steps, config.seed)):
+        if stop is not None and stop():
+            log(f"stopped before step {step + 1}/{config.steps}")
+            break
         curve.append(_train_step(model, [train[i] for i in batch], [targets[i] for i in batch],
                                  schedule, config, params, optimizer))
         log(f"step {step + 1}/{config.steps} loss={curve[-1]:.6f}")
@@ -168,8 +174,8 @@ def train_lora(
         config=config, schedule_id=schedule.id, base_fingerprint=fingerprint,
         target_modules=_resolved_targets(model), trainable_parameters=sum(p.numel() for p in params),
         n_train=len(train), n_heldout=len(heldout), n_train_tokens=sum(r.n_generated for r in train),
-        steps=config.steps, loss_curve=tuple(curve), before=before, after=after,
-        seconds=time.monotonic() - start, extra={"compare": compare} if compare else {},
+        steps=len(curve), loss_curve=tuple(curve), before=before, after=after,
+        seconds=time.monotonic() - start, extra=_extra(compare, len(curve) < config.steps),
     )
     return model, report
 
@@ -186,6 +192,13 @@ def _train_step(model, rollouts, targets, schedule, config, params, optimizer) -
     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
     optimizer.step()
     return total / n_tokens
+
+
+def _extra(compare: dict, stopped_early: bool) -> dict:
+    extra: dict = {"compare": compare} if compare else {}
+    if stopped_early:
+        extra["stopped_early"] = True
+    return extra
 
 
 def _resolved_targets(model: Any) -> tuple[str, ...]:

@@ -80,11 +80,11 @@ def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: S
                           observe: Callable[[int, Tensor, Tensor], None] | None = None) -> Tensor:
     """Logits of the sparse actor at every position of one sequence.
 
-    input_ids: [T] or [1, T]; prompt_len: tokens prefilled densely. Returns [T, V] float32
+    input_ids: [T] or [1, T], on any device (moved to the model's); prompt_len: tokens prefilled densely. Returns [T, V] float32
     (row t predicts token t + 1). Gradients flow if enabled by the caller. ``observe(layer, q, k)``,
     if given, sees each sparse layer's post-RoPE queries and keys (e.g. to recompute its selections).
     """
-    ids = input_ids.reshape(1, -1)
+    ids = _on_model_device(model, input_ids)
     ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len), observe)
     token = _CONTEXT.set(ctx)
     try:
@@ -97,5 +97,12 @@ def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: S
 
 def dense_logits(model, input_ids: Tensor) -> Tensor:
     """The model's ordinary causal forward (its own attention implementation). [T] -> [T, V] float32."""
-    out = model(input_ids=input_ids.reshape(1, -1), use_cache=False)
+    out = model(input_ids=_on_model_device(model, input_ids), use_cache=False)
     return out.logits[0].float()
+
+
+def _on_model_device(model, input_ids: Tensor) -> Tensor:
+    """[T] or [1, T] -> [1, T] on the device of the model's first parameter (its embedding): callers
+    build ids on the CPU from token lists, and a CUDA model's embedding rejects CPU indices."""
+    device = next(model.parameters()).device
+    return input_ids.reshape(1, -1).to(device)

@@ -61,3 +61,29 @@ def test_gradients_flow_for_distillation():
     logits = teacher_forced_logits(model, ids, prompt_len=10, schedule=TIGHT)
     logits[-1].logsumexp(-1).backward()
     assert model.model.layers[2].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+class _DeviceProbe(torch.nn.Module):
+    """Stands in for a model on another device (meta here, CUDA on a GPU host): records where the
+    input ids arrive, since a CUDA embedding rejects CPU indices."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, device="meta"))
+        self.config = type("C", (), {"_attn_implementation": "sdpa"})()
+        self.seen = []
+
+    def set_attn_implementation(self, name):
+        self.config._attn_implementation = name
+
+    def forward(self, input_ids, use_cache=False):
+        self.seen.append(input_ids.device)
+        return type("Out", (), {"logits": torch.zeros(1, input_ids.shape[1], 5)})()
+
+
+def test_ids_built_on_the_cpu_move_to_the_models_device():
+    model = _DeviceProbe()
+    teacher_forced_logits(model, torch.arange(20), prompt_len=4, schedule=TIGHT)
+    dense_logits(model, torch.arange(20))
+    assert [d.type for d in model.seen] == ["meta", "meta"]
+    assert model.config._attn_implementation == "sdpa"  # switched back after the sparse forward

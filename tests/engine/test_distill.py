@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
@@ -13,7 +14,7 @@ from sparrow_server.distill import (
     AdapterArtifactError, DistillConfig, DistillConfigError, Rollout, model_fingerprint,
     read_adapter_metadata, save_adapter, train_lora,
 )
-from sparrow_server.distill.evaluate import AcceptanceProbe
+from sparrow_server.distill.evaluate import AcceptanceProbe, Arm, score_arms, summarise
 from sparrow_server.distill.loss import k3_per_token, topk_forward_kl_per_token, tv_per_token
 from sparrow_server.distill.sources import engine_rollouts
 from sparrow_server.distill.train import dense_target, sequence_loss, wrap_with_lora
@@ -232,3 +233,35 @@ def test_fingerprint_samples_stay_in_bounds_for_large_parameters():
     sample = _value_sample(big)
     assert sample.shape == (SAMPLES_PER_PARAMETER,)
     assert sample[-1] == torch.tensor(7.0, dtype=torch.bfloat16).view(torch.int16)
+
+
+def test_stop_ends_training_early_and_the_report_counts_the_steps_taken(sparse_rollouts):
+    asked = []
+
+    def stop():
+        asked.append(1)
+        return len(asked) > 2
+
+    config = DistillConfig(rank=4, steps=10, batch=2, lr=1e-3, seed=0)
+    _, report = train_lora(tiny_model(), sparse_rollouts[:4], TIGHT, config, heldout=[], stop=stop)
+    assert report.steps == len(report.loss_curve) == 2 and report.extra["stopped_early"] is True
+    _, full = train_lora(tiny_model(), sparse_rollouts[:4], TIGHT, DistillConfig(rank=4, steps=2, batch=2), heldout=[])
+    assert full.steps == 2 and "stopped_early" not in full.extra
+
+
+def test_score_arms_matches_the_probe_and_keeps_arms_apart(sparse_rollouts):
+    base = tiny_model()
+    peft_model = _random_lora(base)
+    held = sparse_rollouts[:3]
+    arms = [Arm("tight", TIGHT), Arm("tight+adapter", TIGHT, "default"), Arm("dense", dense_schedule())]
+    scored = score_arms(peft_model, held, arms, temperature=1.0)
+    assert [a.shape for a in scored["tight"]] == [(r.n_generated,) for r in held]
+    probe = AcceptanceProbe(peft_model, held)
+    for arm in arms[:2]:
+        expected = probe.measure(peft_model, arm.schedule, 1.0, arm.adapter)
+        lengths = np.concatenate([np.arange(r.n_generated) + r.prompt_len for r in held])
+        got = summarise(np.concatenate(scored[arm.name]), lengths, TIGHT.bin_tokens)
+        assert got.p5 == pytest.approx(expected.p5, abs=1e-6) and got.mean == pytest.approx(expected.mean, abs=1e-6)
+    assert np.allclose(np.concatenate(scored["dense"]), 1.0, atol=1e-5)
+    with pytest.raises(ValueError, match="distinct"):
+        score_arms(peft_model, held, [arms[0], arms[0]], 1.0)
