@@ -6,17 +6,11 @@ import math
 import pytest
 import torch
 
+from helpers.logit_pairs import logit_pair as _pair
 from sparrow_server.stats.acceptance import (
     exact_acceptance, logits_to_topk, sampled_acceptance, topk_acceptance_lower_bound, topk_acceptance_upper_bound,
     truncated_importance_weights,
 )
-
-
-def _pair(t=24, v=300, seed=0, noise=0.7):
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.randn(t, v, generator=g, dtype=torch.float64) * 3
-    sparse = dense + noise * torch.randn(t, v, generator=g, dtype=torch.float64)
-    return sparse, dense
 
 
 def _brute_acceptance(sparse, dense, temperature):

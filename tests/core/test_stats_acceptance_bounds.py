@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.logit_pairs import logit_pair as _pair
 from sparrow_server.stats.acceptance import (
     exact_acceptance, logits_to_topk, topk_acceptance_lower_bound, topk_acceptance_upper_bound,
 )
@@ -12,13 +13,6 @@ from sparrow_server.stats.acceptance_bounds import (
     residual_sampled_estimate, sparse_topk_dense_full_bounds, topk_acceptance_bounds,
 )
 from sparrow_server.stats.tail import binned_quantile_brackets, binned_quantiles
-
-
-def _pair(t=24, v=300, seed=0, noise=0.7):
-    g = torch.Generator().manual_seed(seed)
-    dense = torch.randn(t, v, generator=g, dtype=torch.float64) * 3
-    sparse = dense + noise * torch.randn(t, v, generator=g, dtype=torch.float64)
-    return sparse, dense
 
 
 def _lists(sparse, dense, k):
