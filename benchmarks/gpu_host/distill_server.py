@@ -15,7 +15,8 @@ def server_args(config: Any) -> list[str]:
 
     args = list(smollm2.SERVER_ARGS)
     args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
-    return ["--", *args, "--max-running-requests", str(config.concurrency)]
+    # serve owns --max-running-requests (sglang_plugin.frontend.host.OWNED_SGLANG_FLAGS): pass it as its own flag
+    return ["--max-batch-size", str(config.concurrency), "--", *args]
 
 
 def start_server(config: Any, clock: Any) -> tuple[Any, str]:

@@ -5,10 +5,15 @@ of the GPU suite (benchmarks/results/gpu_suite/README.md):
   and how far the 512-token schedule (``qwen3-1.7b-0.86``) moves the chosen tokens' logprobs (teacher
   forced, float32), and how far bf16 moves them (dense and sparse): the scale at which outputs vary and
   depend on the pages read, without sparse attention deciding everything.
+- ``exact-teeth --lm-head-std S --budget B``: for tests/gpu/test_exact_acceptance.py, a 64-token completion
+  sampled at temperature 1 (float32) after that test's prompt, and per position the sum-min of the sparse
+  (fixed ``B``-token budget) and dense distributions, and of the sparse row against the previous position's
+  dense row (what an off-by-one comparison would give): the test's checks need both well away from 1.
 - ``selection-floor --tokens serving_tokens.json``: on a GPU run's tokens, how often the reference's
   page selection in bf16 equals its selection in float32 (what rounding explains).
 
     python benchmarks/gpu_host/tiny_model_probe.py outputs --attn-scale 2 [--prompts 2]
+    python benchmarks/gpu_host/tiny_model_probe.py exact-teeth --lm-head-std 0.15 --budget 64
     python benchmarks/gpu_host/tiny_model_probe.py selection-floor --tokens PATH [--prompts 2]
 """
 from __future__ import annotations
@@ -33,13 +38,13 @@ def long_prompts(n: int) -> list[list[int]]:
     return [[rng.randrange(10, 4000) for _ in range(1500 + 5 * i)] for i in range(4)][:n]
 
 
-def _models(attn_scale: float):
+def _models(attn_scale: float, lm_head_std: float = 0.5):
     import torch
     from transformers import AutoModelForCausalLM
 
     import sglang_server as S
 
-    path = S.write_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", seed=0, lm_head_std=0.5, attn_scale=attn_scale)
+    path = S.write_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", seed=0, lm_head_std=lm_head_std, attn_scale=attn_scale)
     load = lambda dtype: AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     return load(torch.float32), load(torch.bfloat16)
 
@@ -87,6 +92,31 @@ def outputs(attn_scale: float, n: int) -> dict:
             **{k: q(np.concatenate(v)) for k, v in pooled.items()}}
 
 
+def exact_teeth(lm_head_std: float, budget: int) -> dict:
+    import random
+
+    import numpy as np
+    import torch
+
+    from sparrow_server.modeling.sparse_forward import teacher_forced_logits
+    from sparrow_server.sparsity.schedule import Schedule
+
+    f32, _ = _models(2.0, lm_head_std)
+    prompt = [random.Random(25).randrange(10, 4000) for _ in range(1500)]  # the test's prompt
+    torch.manual_seed(7)
+    with torch.inference_mode():
+        ids = f32.generate(torch.tensor([prompt]), max_new_tokens=64, min_new_tokens=64, do_sample=True,
+                           temperature=1.0, top_k=0, top_p=1.0)[0]
+        dense = torch.softmax(f32(input_ids=ids[None], use_cache=False).logits[0].float(), -1)[len(prompt) - 1:-1]
+        sched = Schedule(name=f"probe-fixed-{budget}", budgets_tokens=(budget,) * 4)
+        sparse = torch.softmax(teacher_forced_logits(f32, ids, len(prompt), sched).float(), -1)[len(prompt) - 1:-1]
+    same = torch.minimum(sparse, dense).sum(-1).numpy()
+    shifted = torch.minimum(sparse[1:], dense[:-1]).sum(-1).numpy()
+    return {"lm_head_std": lm_head_std, "budget": budget, "distinct_tokens": len(set(ids[len(prompt):].tolist())),
+            "sum_min": {"min": float(same.min()), "median": float(np.median(same))},
+            "off_by_one_max_difference": float(np.abs(same[1:] - shifted).max())}
+
+
 def selection_floor(tokens_path: Path, n: int) -> dict:
     import numpy as np
     import torch
@@ -117,6 +147,9 @@ def main() -> int:
     o = sub.add_parser("outputs")
     o.add_argument("--attn-scale", type=float, required=True)
     o.add_argument("--prompts", type=int, default=2)
+    e = sub.add_parser("exact-teeth")
+    e.add_argument("--lm-head-std", type=float, required=True)
+    e.add_argument("--budget", type=int, required=True)
     f = sub.add_parser("selection-floor")
     f.add_argument("--tokens", type=Path, required=True, help="serving_tokens.json of a GPU serving run")
     f.add_argument("--prompts", type=int, default=2)
@@ -125,6 +158,7 @@ def main() -> int:
 
     torch.set_num_threads(2)
     result = (outputs(args.attn_scale, args.prompts) if args.cmd == "outputs"
+              else exact_teeth(args.lm_head_std, args.budget) if args.cmd == "exact-teeth"
               else selection_floor(args.tokens, args.prompts))
     print(json.dumps(result))
     return 0

@@ -135,9 +135,21 @@ def test_gpu_defaults_drop_pages_and_capture_graphs_for_the_concurrency(tmp_path
     assert (config.device, config.dtype, config.rollouts, config.engine) == ("cuda", "float32", "server", "sglang")
     distill_server = importlib.import_module("distill_server")
     args = distill_server.server_args(config)
-    assert args[0] == "--" and args[args.index("--cuda-graph-max-bs") + 1] == str(config.concurrency) == "64"
-    assert args[args.index("--max-running-requests") + 1] == "64"
+    assert args[args.index("--cuda-graph-max-bs") + 1] == str(config.concurrency) == "64"
+    argv = _sglang_argv_of_serve(args)  # the GPU run of 2026-11-26 died here: serve owns --max-running-requests
+    assert argv.count("--max-running-requests") == 1 and argv[argv.index("--max-running-requests") + 1] == "64"
     assert distill_gpu.distill_config(config, 1000).steps == 250  # 2 epochs of 1,000 rollouts in batches of 8
+
+
+def _sglang_argv_of_serve(server_args: list[str]) -> list[str]:
+    """The SGLang argv that ``sparrow-server serve --engine sglang ... <server_args>`` builds, through the CLI's
+    own parser and the plug-in's argv builder (which refuses flags the server sets itself)."""
+    from sparrow_server.cli import build_parser, command_of
+    from sparrow_server.sglang_plugin.frontend.host import sglang_argv
+
+    argv = ["serve", "--engine", "sglang", "--model", "/m", *server_args]
+    args, extra = build_parser(command_of(argv)).parse_known_args(argv)
+    return sglang_argv(args.model, args.host, args.port, (), args.max_batch_size, tuple(a for a in extra if a != "--"))
 
 
 class _FakeSource:
