@@ -121,7 +121,7 @@ def versus(rows: Sequence[dict[str, Any]], ref: Sequence[dict[str, Any]], window
 def build(folder: Path, arms: Sequence[str], reference: str, window: int = WINDOW) -> dict[str, Any]:
     rows = {arm: read_steps(steps_path(folder, arm)) for arm in arms}
     report = {"folder": str(folder), "window": window, "arms": {a: arm_table(r, window) for a, r in rows.items()}}
-    if reference in rows:
+    if reference in rows and len(rows) > 1:
         report["versus_" + reference] = {a: versus(r, rows[reference], window) for a, r in rows.items() if a != reference}
     return report
 
