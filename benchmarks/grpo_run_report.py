@@ -96,7 +96,8 @@ def arm_table(rows: Sequence[dict[str, Any]], window: int = WINDOW) -> dict[str,
         **{f"steps_capped_gt_{x:g}": _r((capped > x).mean(), 3) for x in CAPPED_ABOVE},
         "tokens_per_sample_mean": _r(length.mean(), 2),
         "tokens_per_sample_windows": [_r(v, 2) for v in window_means(length, window)],
-        "corr_acceptance_tokens_per_sample": _r(np.corrcoef(acc, length)[0, 1], 3) if len(rows) > 2 else None,
+        "corr_acceptance_tokens_per_sample": _r(np.corrcoef(acc, length)[0, 1], 3)
+        if len(rows) > 2 and acc.std() > 0 and length.std() > 0 else None,  # undefined for a constant column
         "kv_budget_tokens_mean": _r(np.nanmean([r["kv_budget_tokens_mean"] if r.get("kv_budget_tokens_mean") is not None
                                                 else np.nan for r in rows]), 1),
         "grad_norm_windows": window_means(col("grad_norm"), window),

@@ -55,6 +55,7 @@ def test_tables_from_a_tiny_run(tmp_path):
     assert a["steps_capped_gt_0"] == 1.0 and a["steps_capped_gt_0.01"] == 1.0 and a["steps_capped_gt_0.05"] == 0.5
     assert d["steps_capped_gt_0"] == 0.0 and a["tis_capped_max"] == 0.06
     assert d["tokens_per_sample_mean"] == 8.0 and a["tokens_per_sample_mean"] == 24.0
+    assert d["corr_acceptance_tokens_per_sample"] is None  # constant acceptance: no correlation, no warning
     assert d["weight_versions_ok"] and a["weight_versions_ok"]
     vs = report["versus_dense"]["aggressive"]
     assert vs["reward_minus_ref_windows"] == [-0.25, -0.5] and vs["reward_minus_ref_mean"] == -0.375
