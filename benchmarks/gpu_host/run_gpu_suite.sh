@@ -13,7 +13,7 @@
 #         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
-# PART serving | dense_layers | exact_acceptance | tp: that module alone (GPU 0; the TP module on GPUs 0,1), e.g. beside a breaks part.
+# PART serving | service | dense_layers | exact_acceptance | tp: that module alone (GPU 0; the TP module on GPUs 0,1), e.g. beside a breaks part.
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
@@ -76,6 +76,7 @@ case "$PART" in
   serving) module 0 sglang_serving ;;
   dense_layers) module 0 dense_layers ;;
   exact_acceptance) module 0 exact_acceptance ;;
+  service) module 0 sglang_service ;;
   tp) module 0,1 sglang_tp ;;
   breaks)
     gpus=${BREAK_GPUS:-$(seq -s, 0 $(( NGPU - 1 )))}
