@@ -73,11 +73,14 @@ def sha256_file(path: Path, start: int = 0, size: int | None = None) -> str:
 
 def plan_parts(total: int, capacities: list[int]) -> list[PartPlan]:
     """Cut ``total`` bytes into consecutive parts, part k at most ``capacities[k-1]`` (the last one
-    repeats for later calls). Raises when a capacity is not positive."""
-    if not capacities or any(c <= 0 for c in capacities):
-        raise TransferError(f"capacities {capacities}: every call needs room for a part (carry less)")
+    repeats for later calls). The first call also carries the kit (``.whl``, ``.kit``): where that
+    leaves no room, part 1 is empty, so the stages keep their numbers (call 1 installs the kit and
+    stores nothing). Raises when a later capacity is not positive."""
+    if not capacities or any(c <= 0 for c in capacities[1:]) or (len(capacities) == 1 and capacities[0] <= 0):
+        raise TransferError(f"capacities {capacities}: every call after the first needs room for a part (carry less)")
+    capacities = [max(capacities[0], 0), *capacities[1:]]
     parts, offset = [], 0
-    while offset < total:
+    while offset < total or not parts:
         cap = capacities[min(len(parts), len(capacities) - 1)]
         size = min(cap, total - offset)
         parts.append(PartPlan(len(parts) + 1, offset, size))

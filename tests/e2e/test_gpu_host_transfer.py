@@ -27,8 +27,22 @@ def test_plan_parts_covers_the_file_within_each_capacity():
     parts = T.plan_parts(100, [7, 40])
     assert [(p.index, p.offset, p.size) for p in parts] == [(1, 0, 7), (2, 7, 40), (3, 47, 40), (4, 87, 13)]
     assert T.plan_parts(5, [7, 40]) == [T.PartPlan(1, 0, 5)]
-    with pytest.raises(T.TransferError, match="carry less"):
-        T.plan_parts(100, [-3, 40])
+    # no room beside the kit in call 1: part 1 is empty and the stages keep their numbers
+    assert [(p.index, p.offset, p.size) for p in T.plan_parts(100, [-3, 40])] == [(1, 0, 0), (2, 0, 40), (3, 40, 40),
+                                                                              (4, 80, 20)]
+    for bad in ([7, 0], [-3]):
+        with pytest.raises(T.TransferError, match="carry less"):
+            T.plan_parts(100, bad)
+
+
+def test_an_empty_first_part_round_trips(tmp_path):
+    src = _random_file(tmp_path / "m.gguf", 250_000)
+    folders = T.write_parts(src, T.plan_parts(src.stat().st_size, [-5, 100_000]), tmp_path / "repo")
+    assert [f.name for f in folders] == [".model1", ".model2", ".model3", ".model4"]
+    assert (folders[0] / T.PART_FILE).stat().st_size == 0
+    for f in folders:
+        T.store_part(f, tmp_path / "store")
+    assert T.assemble(tmp_path / "store", tmp_path / "host" / "m.gguf").read_bytes() == src.read_bytes()
 
 
 def test_split_store_assemble_round_trip(tmp_path):
