@@ -18,7 +18,7 @@ R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
 GGUF="${GGUF:-/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}"; CACHE="${CACHE:-/tmp/sparrow-cache}"
-PORT=31500
+PORT="${PORT:-31500}"  # another PORT (and CUDA_VISIBLE_DEVICES) lets two stages share a 2-GPU host
 # Sizes (defaults: the GPU plan); ENGINE=reference DEVICE=cpu with small sizes dry-runs stage 4 on a CPU.
 ENGINE="${ENGINE:-sglang}"; DEVICE="${DEVICE:-cuda}"; TOTAL="${TOTAL:-8160}"; CAL_NEW="${CAL_NEW:-8000}"
 CAL_BUDGETS="${CAL_BUDGETS:-256,512,1024,2048}"; BIN="${BIN:-512}"; TP_BATCH="${TP_BATCH:-32}"
