@@ -27,7 +27,13 @@ def register(subparsers) -> None:
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, choices=[*HARDWARE_PRESETS, *SPEC_HARDWARE],
                    help=f"GPU ceilings (default {DEFAULT_HARDWARE}; h100/h200 are measured, *-spec are datasheet)")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="generations per prompt (shared prefill)")
-    p.add_argument("--batch", type=int, default=DEFAULT_DECODE_BATCH, help="decode batch size")
+    p.add_argument("--batch", type=int, default=DEFAULT_DECODE_BATCH,
+                   help="requests decoded together (SGLang's --max-running-requests when the rollout sends at least "
+                        "that many)")
+    p.add_argument("--kv-pool-tokens", type=int, default=None,
+                   help="the server's KV pool in tokens (SGLang logs it as max_total_num_tokens): the batch decodes in "
+                        "waves of as many requests as the pool holds at prompt + generation tokens each (default: no "
+                        "limit)")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the bf16 matmul ceiling (TFLOP/s)")
     p.add_argument("--hbm-tbps", type=float, default=None, help="override the memory bandwidth (TB/s)")
     p.add_argument("--step-overhead-ms", type=float, default=None,
@@ -60,9 +66,10 @@ def run(args) -> int:
             mem_bytes_per_s=args.hbm_tbps * 1e12 if args.hbm_tbps else None,
             step_overhead_s=args.step_overhead_ms / 1e3 if args.step_overhead_ms is not None else None,
         )
-        est = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware, args.batch)
+        est = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware, args.batch,
+                               args.kv_pool_tokens)
         roof = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware.roofline(),
-                                args.batch)
+                                args.batch, args.kv_pool_tokens)
     except (ModelShapeError, ScheduleError, UnknownScheduleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -79,6 +86,7 @@ def run(args) -> int:
                      **{term: getattr(hardware, term) for term in STEP_COST_TERMS}, "source": hardware.source},
         "schedule": schedule.id,
         "prompt_len": args.prompt_len, "gen_len": args.gen_len, "samples": args.samples, "batch": args.batch,
+        "kv_pool_tokens": args.kv_pool_tokens, "decode_waves": list(est.decode_waves),
         "prefill_s": est.prefill_s,
         "dense_decode_s_per_sample": est.dense_decode_s,
         "sparse_decode_s_per_sample": est.sparse_decode_s,
@@ -91,7 +99,9 @@ def run(args) -> int:
         print(json.dumps(result, indent=2))
         return 0
     print(f"{model.name} on {hardware.name}, schedule {schedule.id}: prompt {args.prompt_len}, "
-          f"generate {args.gen_len} x {args.samples} samples, decode batch {args.batch}")
+          f"generate {args.gen_len} x {args.samples} samples, decode batch {args.batch}"
+          + (f" in waves of {', '.join(map(str, est.decode_waves))} (KV pool {args.kv_pool_tokens} tokens)"
+             if len(est.decode_waves) > 1 else ""))
     print(f"  predicted rollout speedup   {est.speedup:.2f}x   (fitted per-step costs; pure byte roofline "
           f"{roof.speedup:.2f}x; paper's equivalent-FLOP formula at the mean budget {mean_budget:.0f}: "
           f"{paper.speedup:.2f}x)")

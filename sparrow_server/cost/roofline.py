@@ -19,7 +19,9 @@ A sparse layer keeps ``budget_pages`` pages including the partial last one, so
 the reference scores (``[0, n_pages - recent)``). A step whose sequence fits in the budget is
 dense (``A = L``, ``S = 0``). Top-k, the query summary and the new token's KV write are ignored
 (each under 1% of the step). A rollout group is one dense prefill of the prompt (shared by the
-``samples`` generations through the prefix cache) followed by ``samples`` decodes.
+``samples`` generations through the prefix cache) followed by ``samples`` decodes. ``batch`` requests decode
+together in the waves SGLang admits (``rollout_waves``): as many as the KV pool holds at full length
+(``kv_pool_tokens``, SGLang's ``max_total_num_tokens``; no limit when not given), the next wave after them.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ import numpy as np
 
 from sparrow_server.cost.hardware import HARDWARE_PRESETS, DEFAULT_HARDWARE, Hardware
 from sparrow_server.cost.model_shape import ModelShape
-from sparrow_server.cost.step_fit import step_cost_counts
+from sparrow_server.cost.step_fit import STEP_COST_TERMS, step_cost_counts
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 
 DEFAULT_DECODE_BATCH = 64
@@ -75,6 +77,7 @@ class RolloutEstimate:
     sparse_decode_s: float
     samples: int
     gen_len: int
+    decode_waves: tuple[int, ...] = ()  # batch sizes the KV pool admits the decode in (rollout_waves)
 
     @property
     def dense_s(self) -> float:
@@ -163,6 +166,39 @@ def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hard
     return roofline + counts @ hardware.step_costs
 
 
+def rollout_waves(requests: int, tokens_per_request: int, kv_pool_tokens: int | None = None,
+                  max_running: int | None = None) -> list[int]:
+    """Batch sizes SGLang decodes ``requests`` equal requests in: each wave admits what the KV pool holds at
+    full length (``kv_pool_tokens // tokens_per_request``; no limit when ``kv_pool_tokens`` is None), up to
+    ``max_running`` (default: all of them); the next wave starts after it."""
+    if isinstance(requests, bool) or not isinstance(requests, (int, np.integer)) or requests < 1:
+        raise ValueError(f"requests = {requests!r}: must be an integer >= 1")
+    per_wave = requests if max_running is None else min(requests, max_running)
+    if kv_pool_tokens is not None:
+        per_wave = min(per_wave, kv_pool_tokens // tokens_per_request)
+    if per_wave < 1:
+        raise ValueError(f"tokens_per_request = {tokens_per_request}: larger than the KV pool ({kv_pool_tokens})")
+    full, rest = divmod(int(requests), per_wave)
+    return [per_wave] * full + ([rest] if rest else [])
+
+
+def rollout_decode_roofline_and_counts(
+    model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, requests: int, hardware: Hardware,
+    kv_pool_tokens: int | None = None, max_running: int | None = None,
+) -> tuple[float, np.ndarray, list[int]]:
+    """Decode of ``requests`` requests of ``prompt_len`` + ``gen_len`` tokens, in the waves the KV pool admits
+    (``rollout_waves``), each wave's requests in lockstep through every length ``prompt_len + 1 ..
+    prompt_len + gen_len``: (roofline seconds, fitted-cost counts [len(STEP_COST_TERMS)], both summed over
+    every step of every wave; the waves)."""
+    lengths = prompt_len + np.arange(1, gen_len + 1)
+    waves = rollout_waves(requests, prompt_len + gen_len, kv_pool_tokens, max_running)
+    roofline, counts = 0.0, np.zeros(len(STEP_COST_TERMS))
+    for batch in waves:
+        roof, c = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len)
+        roofline, counts = roofline + float(roof.sum()), counts + c.sum(axis=0)
+    return roofline, counts, waves
+
+
 def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> float:
     """Dense causal prefill of one prompt: 2 * matmul_params * L + layers * 2 * Hq * hd * L^2 FLOPs,
     weights + the written KV as bytes."""
@@ -174,11 +210,15 @@ def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> fl
 
 
 def decode_time_per_request_s(
-    model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, hardware: Hardware, batch: int
+    model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, hardware: Hardware, batch: int,
+    kv_pool_tokens: int | None = None,
 ) -> float:
-    """Sum over a generation's steps of step time / batch (all requests of the batch in lockstep)."""
-    lengths = prompt_len + np.arange(1, gen_len + 1)
-    return float(step_time_s(model, schedule, lengths, batch, hardware, prompt_len).sum() / batch)
+    """Decode time of ``batch`` concurrent requests (in the waves a KV pool of ``kv_pool_tokens`` admits,
+    ``rollout_waves``) divided by ``batch``: with one wave, the sum over a generation's steps of step time /
+    batch."""
+    roofline, counts, _ = rollout_decode_roofline_and_counts(model, schedule, prompt_len, gen_len, batch, hardware,
+                                                             kv_pool_tokens)
+    return float((roofline + counts @ hardware.step_costs) / batch)
 
 
 def rollout_estimate(
@@ -189,18 +229,28 @@ def rollout_estimate(
     samples: int = DEFAULT_SAMPLES,
     hardware: Hardware | None = None,
     batch: int = DEFAULT_DECODE_BATCH,
+    kv_pool_tokens: int | None = None,
 ) -> RolloutEstimate:
-    """Dense vs ``schedule`` cost of one rollout group (see the module docstring)."""
-    for field_name, value, minimum in (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1)):
+    """Dense vs ``schedule`` cost of one rollout group (see the module docstring). ``batch`` requests decode
+    together, in the waves a KV pool of ``kv_pool_tokens`` tokens admits (no limit when None)."""
+    for field_name, value, minimum in (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1),
+                                       ("batch", batch, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
             raise ValueError(f"{field_name} = {value!r}: must be an integer >= {minimum}")
+    if kv_pool_tokens is not None and (isinstance(kv_pool_tokens, bool) or not isinstance(kv_pool_tokens, (int, np.integer))
+                                       or kv_pool_tokens < prompt_len + gen_len):
+        raise ValueError(f"kv_pool_tokens = {kv_pool_tokens!r}: must be an integer >= prompt_len + gen_len "
+                         f"({prompt_len + gen_len}), one request at full length")
     hardware = hardware or HARDWARE_PRESETS[DEFAULT_HARDWARE]
+    decode = lambda sched: decode_time_per_request_s(  # noqa: E731
+        model, sched, prompt_len, gen_len, hardware, batch, kv_pool_tokens)
     return RolloutEstimate(
         prefill_s=prefill_time_s(model, prompt_len, hardware),
-        dense_decode_s=decode_time_per_request_s(model, dense_schedule(), prompt_len, gen_len, hardware, batch),
-        sparse_decode_s=decode_time_per_request_s(model, schedule, prompt_len, gen_len, hardware, batch),
+        dense_decode_s=decode(dense_schedule()),
+        sparse_decode_s=decode(schedule),
         samples=int(samples),
         gen_len=int(gen_len),
+        decode_waves=tuple(rollout_waves(batch, prompt_len + gen_len, kv_pool_tokens)),
     )
 
 
@@ -212,9 +262,10 @@ def predicted_speedup(
     samples: int = DEFAULT_SAMPLES,
     hardware: Hardware | None = None,
     batch: int = DEFAULT_DECODE_BATCH,
+    kv_pool_tokens: int | None = None,
 ) -> float:
     """Predicted rollout speedup (dense time / sparse time) of ``schedule``, integrated over the generation."""
-    return rollout_estimate(model, schedule, prompt_len, gen_len, samples, hardware, batch).speedup
+    return rollout_estimate(model, schedule, prompt_len, gen_len, samples, hardware, batch, kv_pool_tokens).speedup
 
 
 def roofline_bytes(
@@ -229,7 +280,7 @@ def roofline_bytes(
 
 __all__ = [
     "StepBytes", "RooflineBytes", "RolloutEstimate", "step_flops_and_bytes", "step_roofline_and_counts", "step_time_s",
-    "prefill_time_s",
+    "prefill_time_s", "rollout_waves", "rollout_decode_roofline_and_counts",
     "decode_time_per_request_s", "rollout_estimate", "predicted_speedup", "roofline_bytes",
     "DEFAULT_DECODE_BATCH", "DEFAULT_SAMPLES", "LANDMARK_BYTES",
 ]

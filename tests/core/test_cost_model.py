@@ -13,7 +13,7 @@ from sparrow_server.cost.model_shape import (
 )
 from sparrow_server.cost.paper import appendix_f_attention_term, dense_cost, paper_cost, sparse_cost
 from sparrow_server.cost.roofline import (
-    LANDMARK_BYTES, predicted_speedup, rollout_estimate, roofline_bytes, step_flops_and_bytes,
+    LANDMARK_BYTES, predicted_speedup, rollout_estimate, rollout_waves, roofline_bytes, step_flops_and_bytes,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, budget_tokens, dense_schedule
@@ -143,6 +143,20 @@ def _check_against_loop(model, schedule, prompt_len, gen_len, batch, hw):
     assert est.sparse_decode_s == pytest.approx(loop(schedule), rel=1e-12)
     assert est.dense_decode_s == pytest.approx(loop(dense_schedule()), rel=1e-12)
     assert est.speedup == pytest.approx((est.prefill_s + 3 * est.dense_decode_s) / (est.prefill_s + 3 * est.sparse_decode_s))
+    assert est.decode_waves == (batch,)
+    # a KV pool that holds 40% of the batch at full length: waves of that size, each a lockstep decode of every
+    # length; the decode time per request is their total over the batch
+    pool = (prompt_len + gen_len) * max(1, int(0.4 * batch))
+    waves = rollout_waves(batch, prompt_len + gen_len, pool)
+    assert sum(waves) == batch and max(waves) == max(1, int(0.4 * batch))
+    pooled = rollout_estimate(model, schedule, prompt_len, gen_len, samples=3, hardware=hw, batch=batch,
+                              kv_pool_tokens=pool)
+    by_waves = lambda sched: sum(  # noqa: E731
+        _loop_rollout_time(model, sched, prompt_len, gen_len, hw, b) * b for b in waves) / batch
+    assert pooled.decode_waves == tuple(waves)
+    assert pooled.sparse_decode_s == pytest.approx(by_waves(schedule), rel=1e-12)
+    assert pooled.dense_decode_s == pytest.approx(by_waves(dense_schedule()), rel=1e-12)
+    assert pooled.prefill_s == est.prefill_s
 
 
 def test_speedup_properties():
@@ -165,6 +179,26 @@ def test_speedup_properties():
     assert by_size[0] > by_size[1] > by_size[2]
     with pytest.raises(ValueError, match="gen_len"):
         rollout_estimate(model, s, 0, 0)
+    with pytest.raises(ValueError, match="batch"):
+        rollout_estimate(model, s, 100, 1000, batch=0)
+    with pytest.raises(ValueError, match="kv_pool_tokens"):
+        rollout_estimate(model, s, 100, 1000, batch=8, kv_pool_tokens=1099)
+    # a pool that holds the whole batch changes nothing; one that holds fewer requests makes the rollout slower
+    full = rollout_estimate(model, s, 100, 1000, batch=8, hardware=hw)
+    assert rollout_estimate(model, s, 100, 1000, batch=8, hardware=hw, kv_pool_tokens=8 * 1100) == full
+    assert rollout_estimate(model, s, 100, 1000, batch=8, hardware=hw, kv_pool_tokens=5 * 1100).dense_s > full.dense_s
+
+
+def test_rollout_waves():
+    # rollout A on the H200 (gpu_call15): the pool held 61 requests at full length, 3 ran after them
+    assert rollout_waves(64, 1024 + 16384, 1_076_320, 64) == [61, 3]
+    assert rollout_waves(32, 1024 + 16384, 593_920, 32) == [32]
+    assert rollout_waves(70, 100, 10_000, 32) == [32, 32, 6]
+    assert rollout_waves(70, 100) == [70] and rollout_waves(70, 100, max_running=64) == [64, 6]
+    with pytest.raises(ValueError, match="KV pool"):
+        rollout_waves(1, 20_000, 10_000, 8)
+    with pytest.raises(ValueError, match="requests"):
+        rollout_waves(0, 100)
 
 
 def test_roofline_bytes_hand_computed():

@@ -86,6 +86,20 @@ def test_cost_json(capsys):
     assert overhead["hardware"]["step_overhead_s"] == 0.0015 and overhead["predicted_speedup"] < out["predicted_speedup"]
 
 
+def test_cost_kv_pool_waves(capsys):
+    """--kv-pool-tokens: the batch decodes in the waves the pool holds (rollout A on the H200: 61, then 3)."""
+    args = ["cost", "--model", "qwen3-1.7b", "--schedule", "qwen3-1.7b-0.86", "--prompt-len", "1024", "--gen-len",
+            "16384", "--samples", "1", "--batch", "64", "--hardware", "h200", "--json"]
+    assert main(args) == 0
+    unlimited = json.loads(capsys.readouterr().out)
+    assert main(args + ["--kv-pool-tokens", "1076320"]) == 0
+    pooled = json.loads(capsys.readouterr().out)
+    assert unlimited["decode_waves"] == [64] and pooled["decode_waves"] == [61, 3]
+    assert pooled["kv_pool_tokens"] == 1076320 and pooled["dense_tokens_per_s"] < 0.9 * unlimited["dense_tokens_per_s"]
+    assert main(args + ["--kv-pool-tokens", "17000"]) == 2
+    assert "kv_pool_tokens" in capsys.readouterr().err
+
+
 def test_cost_mean_budget_counts_the_tokens_attended(capsys, tmp_path):
     """The paper-formula budget is the mean KV tokens a sparse layer reads per step: dense up to 64 tokens
     (61..64), then 3 full pages plus the current page's real tokens (49..54 at 65..70), not min(budget, L)."""
