@@ -3,11 +3,14 @@
 For each preset (GPU), the measurements of one code state (``FIT_SOURCES``: the benchmark JSONs, each
 naming its device) become points of ``sparrow_server.cost.step_fit``: a decode point is one step at the
 middle of its generated tokens (``batch / tok_s`` seconds, what the server logs); a rollout is its wall
-time, modelled as the waves SGLang admits (``rollout_waves``: as many requests as the KV pool holds at
-full length, up to ``--max-running-requests``), each a prefill plus a lockstep decode of every length.
+time, modelled as ``sparrow-server cost`` models it (``roofline.rollout_decode_roofline_and_counts``: the
+waves SGLang admits, as many requests as the KV pool holds at full length, up to
+``--max-running-requests``, each a prefill per request plus a lockstep decode of every length). Each point
+is on its server's ``--context-length`` (the JSON's, or the committed server log's ``server_args``).
 The terms fitted per preset are those with the smallest leave-one-out error (``select_terms``). The
 report gives the error of every term set, each point's error in the fit and left out of it
-(leave-one-out), and the error on the rollouts of a fit to the decode points alone.
+(leave-one-out), the error on the rollouts of a fit to the decode points alone, and per rollout what each
+term predicts next to what the server log measured.
 
     PYTHONPATH=. python benchmarks/fit_step_costs.py > benchmarks/results/cost_fit.md
 """
@@ -28,27 +31,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sparrow_server.cost.hardware import HARDWARE_PRESETS, Hardware  # noqa: E402
 from sparrow_server.cost.model_shape import MODEL_PRESETS  # noqa: E402
-from sparrow_server.cost.roofline import prefill_time_s, step_roofline_and_counts, step_time_s  # noqa: E402
+from sparrow_server.cost.roofline import (  # noqa: E402
+    prefill_time_s, rollout_decode_roofline_and_counts, rollout_waves, step_roofline_and_counts, step_time_s,
+)
 from sparrow_server.cost.step_fit import (  # noqa: E402
     STEP_COST_TERMS, FitPoint, fit_step_costs, leave_one_out, predict, select_terms,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
-from sparrow_server.sparsity.schedule import dense_schedule  # noqa: E402
+from sparrow_server.sparsity.schedule import Schedule, dense_schedule, load_schedule  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SCHEDULE_FILES = Path(__file__).resolve().parent / "schedules"  # benchmark schedules served with --schedule-file
 # The measurements of one code state per preset (benchmarks/results/<call>/sglang_throughput.json).
 # H100: the fused radix-select kernel (calls 3, 4); H200: the issue-13 kernels (call 14; call 15 ran the
 # same commit, dense half of rollout A).
 FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"), "h200": ("gpu_call14", "gpu_call15")}
-# Same GPU and code state, other models, not fitted: predicted with the fit as a check (Qwen3-4B and -8B,
-# 36 layers, decode at a 16896-token server).
-HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ()}
+# Not fitted, predicted with the fit as a check. H100: same GPU and code state, other models (Qwen3-4B and -8B,
+# 36 layers, decode at a 16896-token server). H200: same GPU, the code after issue 24 (the `even` selection
+# variant, now the default; per-request dense layers): decode 32K x 16 and x 32 with the 0.86 preset and with
+# no dense layer (benchmarks/results/speed/README.md).
+HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("speed/call10/preset", "speed/call10/ceiling")}
+HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
+                 "h200": ("same GPU, the code after issue 24: `even` selection, per-request dense layers",)}
+# Same GPU, earlier sparse kernels (not fitted): their rollouts are in the per-rollout table, to show what the
+# preset does not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4).
+EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ()}
 DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).
 DEFAULT_MAX_RUNNING = 32
 # SGLang's decode log line: running requests, KV tokens they hold, output tokens/s since the previous line
 DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
+SERVER_ARG = r"\b{}=(\d+)"  # an integer field of the server_args line of an SGLang log
 BACKEND_SERVER = {"dense": "flashinfer", "sparse": "sparrow"}
 
 
@@ -67,16 +81,13 @@ class Workload:
     tok_s: float
     kv_pool_tokens: int
     max_running: int
+    context_length: int  # the server's --context-length
 
 
-def rollout_waves(requests: int, tokens_per_request: int, kv_pool_tokens: int, max_running: int) -> list[int]:
-    """Batch sizes SGLang runs a rollout of equal requests in: each wave admits what the pool holds at full
-    length (``kv_pool_tokens // tokens_per_request``), up to ``max_running``; the next starts after it."""
-    per_wave = min(max_running, kv_pool_tokens // tokens_per_request)
-    if per_wave < 1:
-        raise ValueError(f"tokens_per_request = {tokens_per_request}: larger than the KV pool ({kv_pool_tokens})")
-    full, rest = divmod(requests, per_wave)
-    return [per_wave] * full + ([rest] if rest else [])
+def server_arg(log: str | None, name: str) -> int | None:
+    """An integer field of the ``server_args`` an SGLang log prints at start, or None."""
+    found = re.search(SERVER_ARG.format(name), log or "")
+    return int(found.group(1)) if found else None
 
 
 def load_workloads(call: str, results: Path = RESULTS) -> list[Workload]:
@@ -88,28 +99,38 @@ def load_workloads(call: str, results: Path = RESULTS) -> list[Workload]:
             if run[field] is None:
                 continue
             server = data["servers"][f"{run['model']}/{BACKEND_SERVER[backend]}"]
+            # the JSONs record --context-length from gpu_call12 on; before, the server log's server_args has it
+            context = (run.get("context_length") or data.get("context_length")
+                       or server_arg(server_log(call, run["model"], backend, results), "context_length"))
+            if context is None:
+                raise ValueError(f"{call}: no --context-length for {run['model']} {backend} (JSON or server log)")
             label = (f"{run['context'] // 1024}K x {run['batch']}" if run["workload"] == "decode_ctx"
                      else f"{run['batch']} x ({run['prompt_len'] // 1024}K + {run['gen_len'] // 1024}K)")
             out.append(Workload(f"{call}: {run['model']} {run['workload']} {label}", backend, run["model"],
                                 run["schedule"], run["workload"], run["prompt_len"], run["gen_len"], run["batch"],
-                                run[field], server["max_total_num_tokens"], max_running))
+                                run[field], server["max_total_num_tokens"], max_running, context))
     return out
+
+
+def workload_schedule(w: Workload) -> Schedule:
+    """The schedule the workload's server ran: dense, a registered preset, or a benchmark schedule file."""
+    if w.backend == "dense":
+        return dense_schedule()
+    path = SCHEDULE_FILES / f"{w.schedule}.json"
+    return load_schedule(path) if path.exists() else ScheduleRegistry().get(w.schedule)
 
 
 def fit_point(w: Workload, hardware: Hardware) -> FitPoint:
     model = MODEL_PRESETS[w.model]
-    schedule = dense_schedule() if w.backend == "dense" else ScheduleRegistry().get(w.schedule)
+    schedule = workload_schedule(w)
     name = f"{w.source} {w.backend}"
     if w.kind == "decode_ctx":
         roof, counts = step_roofline_and_counts(model, schedule, [w.prompt_len + w.gen_len // 2], w.batch, hardware)
         return FitPoint(name, w.batch / w.tok_s, float(roof[0]), counts[0])
-    lengths = w.prompt_len + np.arange(1, w.gen_len + 1)
-    roof_total, counts_total = 0.0, np.zeros(len(STEP_COST_TERMS))
-    for batch in rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens, w.max_running):
-        roof, counts = step_roofline_and_counts(model, schedule, lengths, batch, hardware, w.prompt_len)
-        roof_total += float(roof.sum()) + batch * prefill_time_s(model, w.prompt_len, hardware)
-        counts_total += counts.sum(axis=0)
-    return FitPoint(name, w.batch * w.gen_len / w.tok_s, roof_total, counts_total)
+    roof, counts, _ = rollout_decode_roofline_and_counts(model, schedule, w.prompt_len, w.gen_len, w.batch, hardware,
+                                                         w.kv_pool_tokens, w.max_running)
+    roof += w.batch * prefill_time_s(model, w.prompt_len, hardware)  # one prefill per request (no shared prompt)
+    return FitPoint(name, w.batch * w.gen_len / w.tok_s, roof, counts)
 
 
 def server_log(call: str, model: str, backend: str, results: Path = RESULTS) -> str | None:
@@ -125,23 +146,38 @@ def server_log(call: str, model: str, backend: str, results: Path = RESULTS) -> 
     return None
 
 
-def rollout_step_errors(w: Workload, hardware: Hardware, log: str) -> dict[int, np.ndarray]:
-    """Per wave batch: (mean length, predicted / measured step - 1) of each server-log line of the rollout.
+def rollout_log_lines(w: Workload, log: str) -> list[tuple[int, int, float]]:
+    """(running requests, mean length, tokens/s) of each server-log decode line of the rollout.
 
-    A line's step time is ``batch / tok_s`` (its throughput covers the steps since the previous line) at
-    the mean length ``#token / batch``. Lines are the rollout's when their batch is one of its waves' and
-    their length lies in (prompt, prompt + gen]; a wave's first line also covers its prefill and is skipped."""
-    model = MODEL_PRESETS[w.model]
-    schedule = dense_schedule() if w.backend == "dense" else ScheduleRegistry().get(w.schedule)
+    A line's throughput covers the steps since the previous line; its mean length is ``#token / running``.
+    Lines are the rollout's when their batch is one of its waves' and their length lies in
+    (prompt, prompt + gen]; a wave's first line also covers the idle time and prefill before it and is skipped."""
     waves = set(rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens, w.max_running))
-    out: dict[int, list] = {}
-    previous = None
+    out, previous = [], None
     for running, tokens, tok_s in ((int(a), int(b), float(c)) for a, b, c in DECODE_LINE.findall(log)):
         length = tokens // running
         first = previous is None or previous[0] != running or tokens <= previous[1]
         previous = (running, tokens)
-        if first or running not in waves or not w.prompt_len < length <= w.prompt_len + w.gen_len:
-            continue
+        if not first and running in waves and w.prompt_len < length <= w.prompt_len + w.gen_len:
+            out.append((running, length, tok_s))
+    return out
+
+
+def log_decode_s(w: Workload, log: str) -> float:
+    """Seconds the rollout's server-log lines cover: ``decode_log_interval`` steps of ``running / tok_s`` each."""
+    interval = server_arg(log, "decode_log_interval")
+    if interval is None:
+        raise ValueError(f"{w.source}: the server log has no decode_log_interval")
+    return sum(interval * running / tok_s for running, _, tok_s in rollout_log_lines(w, log))
+
+
+def rollout_step_errors(w: Workload, hardware: Hardware, log: str) -> dict[int, np.ndarray]:
+    """Per wave batch: (mean length, predicted / measured step - 1) of each server-log line of the rollout
+    (``rollout_log_lines``); a line's measured step is ``running / tok_s``."""
+    model = MODEL_PRESETS[w.model]
+    schedule = workload_schedule(w)
+    out: dict[int, list] = {}
+    for running, length, tok_s in rollout_log_lines(w, log):
         predicted = float(step_time_s(model, schedule, [length], running, hardware, w.prompt_len)[0])
         out.setdefault(running, []).append((length, predicted * tok_s / running - 1))
     return {b: np.array(rows) for b, rows in out.items()}
@@ -159,16 +195,95 @@ def log_check(preset: str, results: Path = RESULTS) -> list[tuple[str, int, np.n
     return out
 
 
-def preset_points(preset: str, results: Path = RESULTS, held_out: bool = False) -> list[FitPoint]:
-    """The preset's fit points (or, with ``held_out``, its held-out check points)."""
+def preset_workloads(preset: str, results: Path = RESULTS, held_out: bool = False,
+                     calls: tuple[str, ...] | None = None) -> list[tuple[Workload, FitPoint]]:
+    """The preset's fit workloads and their points (or, with ``held_out``, its held-out checks; or those of
+    ``calls``), each call checked to have run on the preset's GPU."""
     hardware = HARDWARE_PRESETS[preset].roofline()
-    points = []
-    for call in (HELD_OUT if held_out else FIT_SOURCES)[preset]:
+    out = []
+    for call in calls if calls is not None else (HELD_OUT if held_out else FIT_SOURCES)[preset]:
         device = json.loads((results / call / "sglang_throughput.json").read_text())["device"]
         if device != DEVICES[preset]:
             raise ValueError(f"{call}: device {device!r} is not the {preset} preset's {DEVICES[preset]!r}")
-        points += [fit_point(w, hardware) for w in load_workloads(call, results)]
-    return points
+        out += [(w, fit_point(w, hardware)) for w in load_workloads(call, results)]
+    return out
+
+
+def preset_points(preset: str, results: Path = RESULTS, held_out: bool = False) -> list[FitPoint]:
+    """The preset's fit points (or, with ``held_out``, its held-out check points)."""
+    return [p for _, p in preset_workloads(preset, results, held_out)]
+
+
+def rollout_breakdown(preset: str, loo: dict[str, float], results: Path = RESULTS) -> list[str]:
+    """Rows of the per-rollout table: each committed rollout on the preset's GPU (fitted, or of earlier
+    kernels) with the seconds its server log's lines cover, and the seconds each part of the model predicts."""
+    hardware = HARDWARE_PRESETS[preset]
+    kept = [i for i, t in enumerate(STEP_COST_TERMS) if getattr(hardware, t)]
+    lines = ["| rollout | waves | measured | log lines | prefill | roofline decode | "
+             + " | ".join(STEP_COST_TERMS[i].removesuffix("_s") for i in kept) + " | predicted | error | left out |",
+             "|---" * (9 + len(kept)) + "|"]
+    for w, p in preset_workloads(preset, results, calls=FIT_SOURCES[preset] + EARLIER_KERNELS[preset]):
+        if w.kind != "rollout":
+            continue
+        call = w.source.split(":")[0]
+        log = server_log(call, w.model, w.backend, results)
+        prefill = w.batch * prefill_time_s(MODEL_PRESETS[w.model], w.prompt_len, hardware)
+        waves = rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens, w.max_running)
+        predicted = predict(p, hardware.step_costs)
+        lines.append(
+            f"| {p.name}{' (earlier kernel, not fitted)' if call in EARLIER_KERNELS[preset] else ''} | "
+            f"{' + '.join(map(str, waves))} | {p.measured_s:.1f} | "
+            f"{log_decode_s(w, log) if log else float('nan'):.1f} | {prefill:.2f} | {p.roofline_s - prefill:.1f} | "
+            + " | ".join(f"{p.counts[i] * hardware.step_costs[i]:.1f}" for i in kept)
+            + f" | {predicted:.1f} | {predicted / p.measured_s - 1:+.1%} | "
+            + (f"{loo[p.name]:+.1%}" if p.name in loo else "-") + " |")
+    return lines
+
+
+CONTEXT_TERM = "sparse_context_page_s"  # the candidate term of context_term_check, not in STEP_COST_TERMS
+
+
+def context_term_check(preset: str, results: Path = RESULTS) -> list[str]:
+    """The fit with one more candidate term, per page of the server's ``--context-length`` (Pcap) per request
+    and sparse layer in a step that selects (the counts of ``sparse_layer_request_s`` times Pcap): lines of
+    the report. The presets do not carry it (docs/cost-model.md, "Rollouts")."""
+    names = STEP_COST_TERMS + (CONTEXT_TERM,)
+    per_request_layer = STEP_COST_TERMS.index("sparse_layer_request_s")
+
+    def with_context(pairs):
+        return [FitPoint(p.name, p.measured_s, p.roofline_s,
+                         np.append(p.counts, p.counts[per_request_layer] * -(-w.context_length // 16)))
+                for w, p in pairs]
+
+    fit_pairs = preset_workloads(preset, results)
+    contexts = sorted({w.context_length for w, _ in fit_pairs})
+    if len(contexts) == 1:
+        return [f"Every fitted point ran at `--context-length` {contexts[0]}: a cost per page of the server's context "
+                "is a cost per request and sparse layer there, and the data cannot tell it apart."]
+    held_pairs = preset_workloads(preset, results, held_out=True)
+    points, held = with_context(fit_pairs), with_context(held_pairs)
+    terms = select_terms(points, names=names)
+    coefficients = fit_step_costs(points, terms, names)
+    loo = leave_one_out(points, terms, names)
+    preset_costs = HARDWARE_PRESETS[preset].step_costs
+    preset_loo = leave_one_out([p for _, p in fit_pairs], select_terms([p for _, p in fit_pairs]))
+    lines = [f"Fitted points at `--context-length` {', '.join(map(str, contexts))}. With `{CONTEXT_TERM}` as a "
+             f"candidate the smallest left-out error keeps {_short(terms)} ("
+             + ", ".join(_seconds(coefficients[names.index(t)]) for t in terms)
+             + "). Rollouts and held-out points, errors predicted / measured - 1:", "",
+             "| point | --context-length | preset | left out | with the term | left out |", "|---|---|---|---|---|---|"]
+    for (w, p), e0, q, e1 in zip(fit_pairs, preset_loo, points, loo):
+        if w.kind == "rollout":
+            lines.append(f"| {p.name} | {w.context_length} | {predict(p, preset_costs) / p.measured_s - 1:+.1%} | "
+                         f"{e0:+.1%} | {predict(q, coefficients) / q.measured_s - 1:+.1%} | {e1:+.1%} |")
+    for (w, p), q in zip(held_pairs, held):
+        lines.append(f"| {p.name} (held out) | {w.context_length} | {predict(p, preset_costs) / p.measured_s - 1:+.1%} "
+                     f"| - | {predict(q, coefficients) / q.measured_s - 1:+.1%} | - |")
+    return lines
+
+
+def _seconds(c: float) -> str:
+    return f"{c * 1e9:.3g} ns" if 0 < c < 1e-7 else f"{c * 1e6:.4g} µs"
 
 
 def fitted_hardware(preset: str, results: Path = RESULTS) -> tuple[Hardware, tuple[str, ...]]:
@@ -223,9 +338,17 @@ def report(preset: str, results: Path = RESULTS) -> str:
         quarters = np.array_split(errors[np.argsort(lengths, kind="stable")], 4)
         lines.append(f"| {name} | {batch} | {len(rows)} | {lengths.min():.0f}-{lengths.max():.0f} | "
                      f"{np.median(errors):+.1%} | " + " | ".join(f"{np.median(q):+.1%}" for q in quarters) + " |")
+    lines += ["", "Per rollout (seconds): the measured wall time; the decode the server log's lines cover "
+              "(`decode_log_interval` steps each, every wave's first line left out: the rest of the wall time is "
+              "prefill, those first steps and HTTP); what the preset predicts, split into the prefill (one per "
+              "request), the roofline of the decode steps of every wave, and each fitted term:", ""]
+    lines += rollout_breakdown(preset, {p.name: e for p, e in zip(points, loo)}, results)
+    lines += ["", "A cost per page of the server's `--context-length` (Pcap), per request and sparse layer in a step "
+              "that selects, as one more candidate term (not in the preset):", ""]
+    lines += context_term_check(preset, results)
     held = preset_points(preset, results, held_out=True)
     if held:
-        lines += ["", "Held out (same GPU and kernels, other models; not in the fit):", "",
+        lines += ["", "Held out (not in the fit: " + "; ".join(HELD_OUT_WHAT[preset]) + "):", "",
                   "| point | measured s | roofline s | predicted s | error |", "|---|---|---|---|---|"]
         for p in held:
             pred = predict(p, coefficients)

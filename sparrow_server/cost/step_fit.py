@@ -58,18 +58,20 @@ def predict(point: FitPoint, coefficients: np.ndarray) -> float:
     return float(point.roofline_s + point.counts @ coefficients)
 
 
-def fit_step_costs(points: list[FitPoint], terms: tuple[str, ...]) -> np.ndarray:
+def fit_step_costs(points: list[FitPoint], terms: tuple[str, ...], names: tuple[str, ...] = STEP_COST_TERMS
+                   ) -> np.ndarray:
     """Coefficients >= 0 (zero for terms not in ``terms``) minimising sum over points of the squared
-    relative error (predicted / measured - 1): [len(STEP_COST_TERMS)].
+    relative error (predicted / measured - 1): [len(names)]. ``names`` names the columns of the points'
+    ``counts`` (``STEP_COST_TERMS``, or those plus a candidate term an analysis adds).
 
     Exact non-negative least squares: the optimum is the unconstrained least-squares solution on some
     subset of the terms (the others held at 0) that is non-negative; every subset is tried."""
-    unknown = set(terms) - set(STEP_COST_TERMS)
+    unknown = set(terms) - set(names)
     if unknown:
-        raise ValueError(f"terms: unknown {sorted(unknown)} (known: {STEP_COST_TERMS})")
+        raise ValueError(f"terms: unknown {sorted(unknown)} (known: {names})")
     if not points:
         raise ValueError("points: need at least one measurement")
-    cols = [STEP_COST_TERMS.index(t) for t in terms]
+    cols = [names.index(t) for t in terms]
     a = np.stack([p.counts[cols] / p.measured_s for p in points])  # [P, K]
     b = np.array([1.0 - p.roofline_s / p.measured_s for p in points])  # [P]
     best, best_err = np.zeros(len(cols)), float(b @ b)
@@ -84,30 +86,32 @@ def fit_step_costs(points: list[FitPoint], terms: tuple[str, ...]) -> np.ndarray
             err = float(np.sum((a @ full - b) ** 2))
             if err < best_err - 1e-15:
                 best, best_err = full, err
-    out = np.zeros(len(STEP_COST_TERMS))
+    out = np.zeros(len(names))
     out[cols] = best
     return out
 
 
-def leave_one_out(points: list[FitPoint], terms: tuple[str, ...]) -> list[float]:
+def leave_one_out(points: list[FitPoint], terms: tuple[str, ...], names: tuple[str, ...] = STEP_COST_TERMS
+                  ) -> list[float]:
     """Relative error (predicted / measured - 1) of each point under the fit of all the others."""
     errors = []
     for i, p in enumerate(points):
-        coefficients = fit_step_costs(points[:i] + points[i + 1:], terms)
+        coefficients = fit_step_costs(points[:i] + points[i + 1:], terms, names)
         errors.append(predict(p, coefficients) / p.measured_s - 1)
     return errors
 
 
-def select_terms(points: list[FitPoint], required: tuple[str, ...] = ("step_overhead_s",)) -> tuple[str, ...]:
-    """The set of terms (``required`` plus any others) whose fit has the smallest root-mean-square
+def select_terms(points: list[FitPoint], required: tuple[str, ...] = ("step_overhead_s",),
+                 names: tuple[str, ...] = STEP_COST_TERMS) -> tuple[str, ...]:
+    """The set of terms (``required`` plus any others of ``names``) whose fit has the smallest root-mean-square
     leave-one-out error on ``points``; among equal errors the one with fewer terms. With a handful of
     points a term the data cannot pin down makes the left-out predictions worse, so it is dropped."""
-    optional = [t for t in STEP_COST_TERMS if t not in required]
+    optional = [t for t in names if t not in required]
     best, best_rms = tuple(required), np.inf
     for k in range(len(optional) + 1):
         for extra in itertools.combinations(optional, k):
-            terms = tuple(t for t in STEP_COST_TERMS if t in required or t in extra)
-            rms = float(np.sqrt(np.mean(np.square(leave_one_out(points, terms)))))
+            terms = tuple(t for t in names if t in required or t in extra)
+            rms = float(np.sqrt(np.mean(np.square(leave_one_out(points, terms, names)))))
             if rms < best_rms - 1e-12:
                 best, best_rms = terms, rms
     return best

@@ -2,7 +2,9 @@
 against every committed SGLang decode and rollout point (benchmarks/fit_step_costs.py)."""
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +66,15 @@ def test_one_term_closed_form_and_exact_recovery():
     assert max(abs(e) for e in leave_one_out(points, STEP_COST_TERMS)) < 1e-9
     with pytest.raises(ValueError, match="unknown"):
         fit_step_costs(points, ("per_token_s",))
+    # a candidate column an analysis adds (names): left out of the terms it changes nothing; in them it is fitted
+    extra = [FitPoint(p.name, p.measured_s + 3e-4 * (i % 3), p.roofline_s, np.append(p.counts, i % 3))
+             for i, p in enumerate(points)]
+    names = STEP_COST_TERMS + ("extra_s",)
+    np.testing.assert_allclose(fit_step_costs(extra, STEP_COST_TERMS, names)[:K],
+                               fit_step_costs([FitPoint(p.name, p.measured_s, p.roofline_s, p.counts[:K]) for p in extra],
+                                              STEP_COST_TERMS), rtol=1e-9, atol=1e-18)
+    np.testing.assert_allclose(fit_step_costs(extra, names, names), np.append(truth, 3e-4), rtol=1e-6, atol=1e-15)
+    assert select_terms(extra, names=names)[-1] == "extra_s"
 
 
 def test_leave_one_out_is_the_refit_without_the_point():
@@ -81,13 +92,59 @@ def test_select_terms_keeps_the_generating_terms():
     assert select_terms(points) == ("step_overhead_s", "sparse_page_s")
 
 
-def test_rollout_waves():
-    # rollout A on the H200 (gpu_call15): the pool held 61 requests at full length, 3 ran after them
-    assert fsc.rollout_waves(64, 1024 + 16384, 1_076_320, 64) == [61, 3]
-    assert fsc.rollout_waves(32, 1024 + 16384, 593_920, 32) == [32]
-    assert fsc.rollout_waves(70, 100, 10_000, 32) == [32, 32, 6]
-    with pytest.raises(ValueError, match="KV pool"):
-        fsc.rollout_waves(1, 20_000, 10_000, 8)
+def _committed_rollouts(preset, calls=None):
+    return [(w, p) for w, p in fsc.preset_workloads(preset, calls=calls) if w.kind == "rollout"]
+
+
+@pytest.mark.parametrize("preset", ["h100", "h200"])
+def test_cost_cli_predicts_every_committed_rollout(preset, capsys):
+    """``sparrow-server cost`` (rollout_estimate), given each committed rollout's requests and KV pool, predicts its
+    wall time within 10% and is the fit's own rollout model (same seconds); the same run through the CLI's JSON.
+    Without the KV pool's waves the H200 rollout A (61 requests, then 3 alone) would be predicted 14% fast."""
+    from sparrow_server.cli import main
+    from sparrow_server.cost.model_shape import MODEL_PRESETS
+    from sparrow_server.cost.roofline import rollout_estimate
+
+    hw = HARDWARE_PRESETS[preset]
+    rollouts = _committed_rollouts(preset)
+    assert len(rollouts) >= 1 + (preset == "h100") * 3
+    for w, p in rollouts:
+        schedule = fsc.workload_schedule(replace(w, backend="sparse"))  # the CLI predicts both backends
+        est = rollout_estimate(MODEL_PRESETS[w.model], schedule, w.prompt_len, w.gen_len, samples=1, hardware=hw,
+                               batch=w.batch, kv_pool_tokens=w.kv_pool_tokens)
+        wall = w.batch * (est.dense_s if w.backend == "dense" else est.sparse_s)
+        assert wall == pytest.approx(predict(p, hw.step_costs), rel=1e-9), p.name
+        assert wall == pytest.approx(p.measured_s, rel=0.10), p.name
+        assert main(["cost", "--model", w.model, "--schedule", schedule.name, "--prompt-len", str(w.prompt_len),
+                     "--gen-len", str(w.gen_len), "--samples", "1", "--batch", str(w.batch), "--hardware", preset,
+                     "--kv-pool-tokens", str(w.kv_pool_tokens), "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out[f"{w.backend}_tokens_per_s"] == pytest.approx(w.gen_len / (wall / w.batch), rel=1e-9)
+        assert out["decode_waves"] == fsc.rollout_waves(w.batch, w.prompt_len + w.gen_len, w.kv_pool_tokens,
+                                                        w.max_running)
+        if len(out["decode_waves"]) > 1:
+            one_wave = rollout_estimate(MODEL_PRESETS[w.model], schedule, w.prompt_len, w.gen_len, samples=1,
+                                        hardware=hw, batch=w.batch)
+            assert w.batch * one_wave.dense_s / p.measured_s - 1 < -0.10, p.name
+
+
+@pytest.mark.parametrize("preset", ["h100", "h200"])
+def test_rollout_breakdown_adds_up_and_the_logs_cover_the_wall(preset):
+    """The per-rollout table: its parts add up to the prediction, and the server log's lines cover the measured
+    wall time but for the prefill and each wave's first 40 steps (within 2%), so the fit compares decode with
+    decode. Every committed rollout on the GPU has a row, the earlier kernels' marked as not fitted."""
+    points = fsc.preset_points(preset)
+    rows = fsc.rollout_breakdown(preset, {p.name: 0.0 for p in points})[2:]
+    rollouts = _committed_rollouts(preset, fsc.FIT_SOURCES[preset] + fsc.EARLIER_KERNELS[preset])
+    assert len(rows) == len(rollouts)
+    for row, (w, p) in zip(rows, rollouts):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0].startswith(p.name)
+        assert ("not fitted" in cells[0]) == (w.source.split(":")[0] in fsc.EARLIER_KERNELS[preset])
+        measured, in_log, *parts, predicted = (float(c) for c in cells[2:-2])
+        assert measured == pytest.approx(p.measured_s, abs=0.05)
+        assert sum(parts) == pytest.approx(predicted, abs=0.05 * len(parts) + 0.05)
+        assert 0 < measured - in_log < 0.02 * measured, p.name
 
 
 @pytest.mark.parametrize("preset", ["h100", "h200"])
