@@ -152,3 +152,27 @@ def test_the_scheduler_hook_sets_the_alignment_only_where_sglang_did_not(monkeyp
     seen = []
     D.install(types.SimpleNamespace(register=lambda *a: seen.append(a)), types.SimpleNamespace(AFTER="after"))
     assert seen == [(D.CONFIG_TARGET, D.after_init_deterministic_config, "after")]
+
+
+def test_the_gpu_case_is_planned_as_intended(tmp_path):
+    """``tests/gpu/test_deterministic.py``'s case: its fixed schedule loads from the schedule dir the schedulers
+    read; the fixed and preset subjects decode sparsely, the dense one attends more than 128 pages (the eager
+    split cuts its rows, the graph plan does not), and each subject sits in both batches among other schedules."""
+    from helpers import determinism_case as case
+
+    registry = ScheduleRegistry.load(case.write_schedule_dir(tmp_path))
+    schedules = {name: registry.get(name) for name in (case.FIXED, case.PRESET, case.DENSE)}
+    assert schedules[case.FIXED].budgets_tokens == (256,)
+    queries = case.queries()
+    for name, i in case.SUBJECTS.items():
+        (prompt,), (sched,) = queries[f"alone_{name}"]
+        length = len(prompt) + case.NEW
+        plan = plan_step([schedules[sched]], np.asarray([length]), np.asarray([len(prompt)]), H, PS, CAP)
+        assert (int(plan.k[0]) > 0) == (name != "dense") and (name != "dense" or int(plan.count[0]) > 128), name
+        for batch in ("mixed", "other"):
+            ids, scheds = queries[batch]
+            at = case.in_batch(batch, name)
+            assert ids[at] == prompt and scheds[at] == sched and len(set(scheds)) == 3, (name, batch)
+    assert len(queries["mixed"][0]) == 8 and len(queries["other"][0]) == 6  # --max-running-requests 8
+    for name in ("fixed", "preset"):
+        assert queries[f"dense_of_{name}"][0] == queries[f"alone_{name}"][0]
