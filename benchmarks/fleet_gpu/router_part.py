@@ -76,7 +76,7 @@ def agreement_with_direct(fleet: Fleet, outcomes: list[dict], direct: dict) -> t
 def diagnose(fleet: Fleet, ps: list[list[int]], differing: list[dict], limit: int = 6) -> list[dict]:
     """For answers unequal to server 0's ``/rollout``: where they part, and whether the same request
     sent alone to each server again gives the router's answer (then batch composition, not routing,
-    made the difference) or server 0's first one."""
+    made the difference) or server 0's first one (tokens; and bit for bit, tokens and logprobs)."""
     rows = []
     for o in differing[:limit]:
         if o["status"] != 200:
@@ -117,7 +117,9 @@ def check_exactly_once(fleet: Fleet, outcomes: list[dict], per_worker: list[int]
         "schedule_reported_wrong": sum(o["ran_schedule"] != o["schedule"] for o in reported),
         "per_schedule": dict(Counter(o["schedule"] for o in outcomes)),
     })
-    differing = [{**o, "direct": direct[(o["prompt"], o["schedule"])]} for o, ok in zip(outcomes, same) if not ok]
+    # diagnosed: answers with other tokens (and, under the exact rule, any that breaks it)
+    differing = [{**o, "direct": direct[(o["prompt"], o["schedule"])]} for o, ok, p in zip(outcomes, same, problems)
+                 if not ok or (fleet.deterministic and p and complete(o, sizes))]
     if differing:
         rec["differing_diagnosis"] = diagnose(fleet, ps, differing)
     assert len(rids) == n and all(complete(o, sizes) for o in outcomes), f"not every request completed: {dict(statuses)}"

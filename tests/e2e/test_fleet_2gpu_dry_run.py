@@ -135,6 +135,9 @@ def test_the_router_part_demands_bit_identical_answers_with_deterministic_infere
             nudged = outcomes[4]["schedule"]
             assert rec["agree_per_schedule"][nudged] == [sizes.requests // 3 - 1, sizes.requests // 3]
             assert "logprobs differ from position 3" in rec["disagreeing"][0]["problems"][0]
+            # diagnosed although its tokens are equal (no server here to send it to again)
+            assert [d["rid"] for d in rec["differing_diagnosis"]] == [outcomes[4]["rid"]]
+            assert rec["differing_diagnosis"][0]["exact_problems"] == rec["disagreeing"][0]["problems"]
         else:
             rp.check_exactly_once(fleet, outcomes, per_worker, direct, rec, ps=[])
             assert rec["agree_with_direct_rollout"] == sizes.requests
