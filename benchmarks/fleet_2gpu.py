@@ -8,19 +8,27 @@ failed part does not stop the next):
 - ``router``: 256 rollouts over three schedules (the ``qwen3-1.7b-0.86`` preset, ``dense``, a fixed
   256-token budget) through the router, ``extra_key`` form (``SparrowClient.generate``): each rid one
   complete answer, the workers' access logs hold exactly 256 ``POST /generate`` (both > 0), each
-  answer equals the same request's ``/rollout`` on a worker; latency p50/p99 and tokens/s with two
-  workers and with server 0 alone, same load.
+  answer equals the same request's ``/rollout`` on a worker -- bit for bit (tokens, logprobs, top-2
+  gaps) with deterministic inference, within the bf16 tolerance with ``--no-deterministic``; latency
+  p50/p99 and tokens/s with two workers and with server 0 alone, same load.
 - ``kill``: 256 rollouts through the router, worker 1's process group SIGKILLed after a third have
   finished: no request hangs (120 s each), each ends in a complete answer or an HTTP error with a
   body; worker 1 restarts on its port, the router marks it healthy, and it serves some of 32 more.
 - ``nccl`` (GPU only): NCCL updates of server 0 from this process, checked against server 1 updated
   from disk: idle, then pause -> update -> continue under 8 streaming sparse rollouts.
 
+Deterministic inference (default): the SGLang servers start with ``--enable-deterministic-inference``
+(SGLang's batch-invariant kernels; the sparrow backend plans its sparse decode batch-invariantly too),
+and the router part demands exact equality. ``--no-deterministic``: servers without it, the router part
+with the bf16 tolerance (the report's ``agreement_rule`` says which).
+
 Writes ``OUT/fleet_2gpu_<parts>.json`` and the server/router logs; exits 1 if a part failed.
 ``--engine reference`` runs the router and kill parts on CPU reference-engine servers
-(``--small`` sizes): the dry run of the parts' logic.
+(``--small`` sizes): the dry run of the parts' logic (with the bf16 tolerance: the reference engine has
+no deterministic mode).
 
 Usage: python benchmarks/fleet_2gpu.py OUT [--parts router,kill,nccl] [--engine sglang|reference] [--small]
+       [--no-deterministic]
 """
 from __future__ import annotations
 
@@ -100,7 +108,8 @@ def start_watchdog(deadline_s: float, out: Path, parts: tuple[str, ...], report:
     return done
 
 
-def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s: float) -> int:
+def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s: float,
+         deterministic: bool = True) -> int:
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise SystemExit(f"--parts: unknown {sorted(unknown)} (known: {', '.join(PARTS)})")
@@ -114,7 +123,8 @@ def main(out: Path, parts: tuple[str, ...], engine: str, small: bool, deadline_s
     watchdog = start_watchdog(deadline_s, out, parts, report, fleet_box)
     tmp = Path(tempfile.mkdtemp(prefix="fleet2gpu-"))  # checkpoints (~70 MB each) and state dirs
     try:
-        fleet = Fleet.create(engine, sizes, out, tmp)
+        fleet = Fleet.create(engine, sizes, out, tmp, deterministic=deterministic)
+        report.update(deterministic=fleet.deterministic, agreement_rule=fleet.agreement_rule)
         fleet_box.append(fleet)
         report["servers"] = [s.base for s in fleet.servers]
         report["startup_s"] = fleet.start_all()
@@ -156,5 +166,9 @@ if __name__ == "__main__":
     ap.add_argument("--small", action="store_true", help="few short requests (default with --engine reference)")
     ap.add_argument("--deadline-s", type=float, default=330.0,
                     help="write the report and exit 3 after this many seconds (the device call's limit is ~6 min)")
+    ap.add_argument("--no-deterministic", dest="deterministic", action="store_false",
+                    help="SGLang servers without --enable-deterministic-inference; the router part then compares "
+                         "answers with the bf16 tolerance instead of demanding bit-identical ones")
     a = ap.parse_args()
-    sys.exit(main(a.out, tuple(a.parts.split(",")), a.engine, a.small or a.engine == "reference", a.deadline_s))
+    sys.exit(main(a.out, tuple(a.parts.split(",")), a.engine, a.small or a.engine == "reference", a.deadline_s,
+                  a.deterministic))

@@ -3,6 +3,12 @@
 Two engines run the same parts: ``sglang`` (``sparrow-server serve --engine sglang``, one per GPU,
 the issue-23 run) and ``reference`` (``serve --engine reference`` on CPU, small sizes: the dry run
 that checks the parts' logic without a GPU).
+
+``Fleet.deterministic`` (SGLang servers by default; ``fleet_2gpu.py --no-deterministic`` turns it off): the
+servers run with ``--enable-deterministic-inference`` (batch-invariant GEMMs and attention, the sparse plan
+included), and a worker's answer must equal the same request's direct answer bit for bit
+(``AGREEMENT_RULES``). The reference engine has no such mode (its float32 CPU decode differs in the last
+bits between batch sizes: ~1e-6 nats in the dry run), so its fleets compare with the bf16 tolerance.
 """
 from __future__ import annotations
 
@@ -61,9 +67,17 @@ GPU_SIZES = Sizes(prompt_len=1500, new_tokens=48, requests=256, concurrency=32, 
 SMALL_SIZES = Sizes(prompt_len=96, new_tokens=12, requests=12, concurrency=4, distinct_prompts=2,
                     fixed_budget=64, after_kill_requests=4, client_timeout_s=60.0)
 
-# SGLang flags of the GPU servers (tiny model: a third of the memory, graphs up to the batch size).
+# SGLang flags of the GPU servers (tiny model: a third of the memory, graphs up to the batch size, so every
+# decode batch runs a graph: SGLang's deterministic FlashInfer plan splits long rows eagerly, not in graphs).
 GPU_ARGS = ["--max-batch-size", "16", "--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "16",
             "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache"]
+DETERMINISTIC_ARGS = ["--enable-deterministic-inference"]  # SGLang's; the sparrow backend follows it
+# How the router part compares a worker's answer with the same request sent straight to a worker.
+AGREEMENT_RULES = {
+    True: "exact: tokens, logprobs and top-2 gaps bit-identical (deterministic inference)",
+    False: "bf16 tolerance (greedy_agreement; no deterministic inference: batch composition moves bf16 "
+           "rounding, and under sparse attention page selections with it)",
+}
 CPU_ARGS = ["--device", "cpu", "--threads", "1", "--kv-pool-tokens", "8192", "--max-batch-size", "8"]
 
 # Router for the fleet parts (docs/fleet.md, "The 2-GPU fleet run"):
@@ -99,11 +113,17 @@ class Fleet:
     tmp: Path
     weights_a: Path
     servers: list[S.Server]
+    deterministic: bool = True
+
+    @property
+    def agreement_rule(self) -> str:
+        return AGREEMENT_RULES[self.deterministic]
 
     @classmethod
-    def create(cls, engine: str, sizes: Sizes, out: Path, tmp: Path) -> "Fleet":
+    def create(cls, engine: str, sizes: Sizes, out: Path, tmp: Path, deterministic: bool = True) -> "Fleet":
+        """``deterministic``: asked for; only SGLang servers have the mode."""
         weights_a = S.write_tiny_checkpoint(tmp / "weights-a", seed=0, lm_head_std=0.5, attn_scale=2.0)
-        fleet = cls(engine, sizes, out, tmp, weights_a, [])
+        fleet = cls(engine, sizes, out, tmp, weights_a, [], deterministic and engine == "sglang")
         ports = [31400, 31401] if engine == "sglang" else [free_port(), free_port()]
         for i, port in enumerate(ports):
             write_fixed_schedule(fleet.state_dir(i), sizes)
@@ -116,8 +136,9 @@ class Fleet:
     def new_server(self, i: int, port: int, log_path: Path) -> S.Server:
         args = ["--api-key", KEY, "--state-dir", str(self.state_dir(i))]
         if self.engine == "sglang":
-            return S.Server(self.weights_a, args + GPU_ARGS, log_path, port=port, env={"CUDA_VISIBLE_DEVICES": str(i)},
-                            sparrow=True)
+            sglang_args = GPU_ARGS + (DETERMINISTIC_ARGS if self.deterministic else [])
+            return S.Server(self.weights_a, args + sglang_args, log_path, port=port,
+                            env={"CUDA_VISIBLE_DEVICES": str(i)}, sparrow=True)
         return ReferenceServer(self.weights_a, args + CPU_ARGS, log_path, port)
 
     def start_all(self) -> list[float]:

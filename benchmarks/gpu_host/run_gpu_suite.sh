@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The GPU test suite (tests/gpu/) on a GPU host, in parts that each fit one device call (< 9 min):
 #   R=<repo root holding .kit and .whl> OUT=<returned folder> bash benchmarks/gpu_host/run_gpu_suite.sh PART
-# PART all (2 GPUs, the whole suite in one command): serving, service, kernel, cross-engine and dense-layers
-#         tests on GPU 0, trainer compat on GPU 1, the TP tests on both, all at once (every server caps its KV
-#         pool or sizes it from the memory free at its start; trainer compat measures what its server
-#         frees from NVML's per-process counts, so it need not have its card alone).
+# PART all (2 GPUs, the whole suite in one command): serving, service, kernel, cross-engine, dense-layers,
+#         exact-acceptance and deterministic tests on GPU 0, trainer compat on GPU 1, the TP tests on both, all
+#         at once (every server caps its KV pool or sizes it from the memory free at its start; trainer compat
+#         measures what its server frees from NVML's per-process counts, so it need not have its card alone).
 # On one GPU, two commands:
-# PART 1: serving, service, kernel, dense-layers, exact-acceptance (and cross-engine) tests at once on GPU 0 (with 2 GPUs,
-#         trainer compat on GPU 1 beside them).
+# PART 1: serving, service, kernel, dense-layers, exact-acceptance, deterministic (and cross-engine) tests at once
+#         on GPU 0 (with 2 GPUs, trainer compat on GPU 1 beside them).
 # PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat alone (where NVML cannot see the
 #         server's processes it falls back to the card's used memory, right only on a card of its own;
 #         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
-# PART serving | service | dense_layers | exact_acceptance | tp: that module alone (GPU 0; the TP module on GPUs 0,1), e.g. beside a breaks part.
+# PART serving | service | dense_layers | exact_acceptance | deterministic | tp: that module alone (GPU 0; the TP module
+#         on GPUs 0,1), e.g. beside a breaks part.
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
@@ -65,17 +66,18 @@ case "$PART" in
     [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
     MODULE_TIMEOUT_S=${MODULE_TIMEOUT_S:-480}  # the whole command stays inside one device call (< 9 min)
     module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
-    module 0 dense_layers & module 0 exact_acceptance & module 1 sglang_trainer_compat & module 0,1 sglang_tp &
-    wait ;;
+    module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 1 sglang_trainer_compat &
+    module 0,1 sglang_tp & wait ;;
   1)
     module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
-    module 0 dense_layers & module 0 exact_acceptance & [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat &
-    wait ;;
+    module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic &
+    [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
   serving) module 0 sglang_serving ;;
   dense_layers) module 0 dense_layers ;;
   exact_acceptance) module 0 exact_acceptance ;;
+  deterministic) module 0 deterministic ;;
   service) module 0 sglang_service ;;
   tp) module 0,1 sglang_tp ;;
   breaks)

@@ -14,7 +14,11 @@ SGLang runs in several processes, and the package is split the same way:
 The two halves never import each other (``tests/core/test_layering.py``).
 
 ``register`` is the ``sglang.srt.plugins`` entry point; SGLang calls it in every process
-(schedulers are spawned). It imports nothing heavy until SGLang builds the backend.
+(schedulers are spawned). It imports nothing heavy until SGLang builds the backend. It adds ``sparrow``
+to SGLang's attention-backend choices and to its deterministic ones (``--enable-deterministic-inference``
+refuses any other backend at parse time; the backend then plans batch-invariantly,
+``scheduler/determinism.py``), not to the radix-cache-compatible deterministic ones: as for
+``flashinfer``, SGLang turns the radix cache off in that mode.
 """
 from __future__ import annotations
 
@@ -22,15 +26,21 @@ from sparrow_server.sglang_plugin.config import BACKEND_NAME
 
 
 def register() -> None:
+    from sglang.srt import server_args
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
 
     from sparrow_server.sglang_plugin import frontend, scheduler
 
     scheduler.install(HookRegistry, HookType)  # the backend, the side-table hooks, the landmark flush
     frontend.install(HookRegistry, HookType)  # the checkpoint preflight on weight updates
-    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-        add_attention_backend_choices([BACKEND_NAME])
+    add_choice(server_args, "ATTENTION_BACKEND_CHOICES", "add_attention_backend_choices")
+    add_choice(server_args, "DETERMINISTIC_ATTENTION_BACKEND_CHOICES", "add_deterministic_attention_backend_choices")
+
+
+def add_choice(server_args, choices: str, add: str) -> None:
+    """Add the backend to one of SGLang's choice lists through its plug-in helper, once per process."""
+    if BACKEND_NAME not in getattr(server_args, choices):
+        getattr(server_args, add)([BACKEND_NAME])
 
 
 __all__ = ["register", "BACKEND_NAME"]

@@ -25,6 +25,12 @@ attention) must agree:
 
 ``informative`` is the other half: a comparison of degenerate runs (one token repeated, sparse
 equal to dense) proves nothing, so each test also asserts its runs could differ.
+
+Under SGLang's deterministic inference (``--enable-deterministic-inference``, with which the sparrow
+backend plans its sparse decode batch-invariantly: ``sglang_plugin/scheduler/determinism.py``) none of
+that rounding is left: the same request gives the same tokens, logprobs and top-2 gaps bit for bit
+alone or in any batch, and ``exact_problems`` demands exactly that (the fleet benchmark's rule with the
+flag; the tolerance above is its rule without it).
 """
 from __future__ import annotations
 
@@ -139,6 +145,37 @@ def summary(ref: Run, got: Run) -> dict:
 
 def assert_agree(ref: Run, got: Run, what: str, **tolerance: float) -> None:
     problems = agreement_problems(ref, got, **tolerance)
+    assert not problems, f"{what}: " + "; ".join(problems) + f" | {summary(ref, got)}"
+
+
+def _first_difference(a: Sequence, b: Sequence) -> int | None:
+    n = min(len(a), len(b))
+    first = next((i for i in range(n) if a[i] != b[i]), n)
+    return None if first == n and len(a) == len(b) else first
+
+
+def exact_problems(ref: Run, got: Run) -> list[str]:
+    """What differs between two runs that must be one computation bit for bit: per request, the first
+    position whose token, logprob or top-2 gap (where both runs have them) is not equal (empty: equal)."""
+    if len(ref.tokens) != len(got.tokens):
+        return [f"{len(ref.tokens)} vs {len(got.tokens)} requests"]
+    problems = []
+    both_gaps = bool(ref.top2_gap) and bool(got.top2_gap)
+    for i in range(len(ref.tokens)):
+        fields = [("token", ref.tokens[i], got.tokens[i]), ("logprob", ref.logprobs[i], got.logprobs[i])]
+        if both_gaps:
+            fields.append(("top-2 gap", ref.top2_gap[i], got.top2_gap[i]))
+        for name, a, b in fields:
+            k = _first_difference(a, b)
+            if k is not None:
+                at = lambda xs: repr(xs[k]) if k < len(xs) else "end"
+                problems.append(f"request {i}: {name}s differ from position {k} ({at(a)} vs {at(b)}; "
+                                f"{len(a)} vs {len(b)} positions)")
+    return problems
+
+
+def assert_equal(ref: Run, got: Run, what: str) -> None:
+    problems = exact_problems(ref, got)
     assert not problems, f"{what}: " + "; ".join(problems) + f" | {summary(ref, got)}"
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import random
 
-from sparrow_server.stats.greedy_agreement import Run, agreement_problems, informative_problems, run_from_outputs, run_from_rollouts
+import numpy as np
+
+from sparrow_server.stats.greedy_agreement import Run, agreement_problems, exact_problems, informative_problems, \
+    run_from_outputs, run_from_rollouts
 
 
 def _run(seed: int, n_req: int = 4, length: int = 48) -> Run:
@@ -96,3 +99,27 @@ def test_run_from_rollouts():
     assert run.tokens == [[5, 6]] and run.logprobs == [[-0.1, -0.2]]
     assert [round(g, 6) for g in run.top2_gap[0]] == [2.5, 0.1]
     assert run_from_rollouts([{"token_ids": [5], "logprobs": [-0.1]}]).top2_gap == []
+
+
+def test_exact_accepts_only_bit_equal_runs():
+    """Deterministic inference's rule: what the tolerance excuses (rounding noise, a near-tie divergence)
+    is a difference here, named by request, field and first position."""
+    a = _run(0)
+    assert exact_problems(a, Run([list(t) for t in a.tokens], [list(x) for x in a.logprobs],
+                                 [list(g) for g in a.top2_gap])) == []
+    ulp = Run(a.tokens, [list(x) for x in a.logprobs], a.top2_gap)
+    ulp.logprobs[2][30] = float(np.nextafter(ulp.logprobs[2][30], 0.0))
+    assert agreement_problems(a, ulp) == []
+    assert exact_problems(a, ulp) == [f"request 2: logprobs differ from position 30 ({a.logprobs[2][30]!r} vs "
+                                      f"{ulp.logprobs[2][30]!r}; 48 vs 48 positions)"]
+    tie = _with(a, 1, 47, token=5000)
+    assert exact_problems(a, tie) == ["request 1: tokens differ from position 47 (" + repr(a.tokens[1][47])
+                                      + " vs 5000; 48 vs 48 positions)"]
+    gaps = Run(a.tokens, a.logprobs, [list(g) for g in a.top2_gap])
+    gaps.top2_gap[0][3] += 1e-9
+    assert [p.split(":")[1].strip().split(" ")[0] for p in exact_problems(a, gaps)] == ["top-2"]
+    assert exact_problems(a, Run(a.tokens, a.logprobs)) == []  # gaps compared only where both runs have them
+    short = Run([t[:40] for t in a.tokens], [x[:40] for x in a.logprobs])
+    assert len(exact_problems(Run(a.tokens, a.logprobs), short)) == 8 and "end; 48 vs 40" in exact_problems(
+        Run(a.tokens, a.logprobs), short)[0]
+    assert exact_problems(a, a.select([0, 1])) == ["4 vs 2 requests"]

@@ -275,3 +275,33 @@ def test_mixed_schedules_in_one_batch(K):
     got = sel.logical_pages(ordered=True)
     assert got == sel.want_pages(SINK, RECENT)
     assert got[2] == list(range(750)) and got[6] == list(range(57))
+
+
+@pytest.mark.parametrize("variant", ["v1", "even"])  # the two score grids ("split", "hist" score as "even")
+def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, variant):
+    """What deterministic inference relies on besides FlashInfer's plan: every program reads one
+    request's query, landmarks and plan fields, so a request's scores (bit for bit, bf16 inputs) and
+    selected pages alone equal its scores and pages in a batch of other lengths and schedules, at
+    another position, beside a dense row and a padding lane."""
+    from helpers.sparse_case import PagedCase
+
+    lengths = [3000, 1548, 700, 40, 2100, 1]
+    schedules = [dense_schedule(), fixed_budget_schedule(16), fixed_budget_schedule(8), fixed_budget_schedule(16),
+                 fixed_budget_schedule(64), dense_schedule()]
+    case = _case(lengths, seed=23, num_kv_heads=2, group=2, head_dim=64)
+    lm, pcap = _landmarks(case, torch.bfloat16), 400
+    batch = SparseSelection(K, case, plan_for(case, schedules, topk_cap_pages=64), lm, pcap, variant)
+    batch.score()
+    batch.select_write()
+    h = batch.h
+    for x in (1, 4):
+        one = slice(x, x + 1)
+        sub = PagedCase(case.q[one], case.k_buf, case.v_buf, case.req_to_token, case.rpi[one], case.lengths[one], PS)
+        alone = SparseSelection(K, sub, plan_for(sub, [schedules[x]], topk_cap_pages=64), lm, pcap, variant)
+        alone.score()
+        alone.select_write()
+        assert int(alone.plan.k[0]) > 0  # sparse: scored and selected
+        assert torch.equal(batch.scores[x * h:(x + 1) * h], alone.scores), x
+        start, end = int(batch.plan.row_indptr[x * h]), int(batch.plan.row_indptr[(x + 1) * h])
+        assert torch.equal(batch.indices[start:end], alone.indices[:end - start]), x  # same page ids, same order
+    assert batch.logical_pages(ordered=True) == batch.want_pages(SINK, RECENT)  # and they are select_pages'

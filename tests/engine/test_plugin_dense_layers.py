@@ -157,6 +157,21 @@ def test_plan_region_bound_covers_flashinfer_decode_plan_arrays(padded):
         plan_region_bytes([-1] + info[1:])
 
 
+@pytest.mark.parametrize("padded,rows", [(264, 1), (264, 264), (4224, 4224), (33000, 16384)])
+def test_plan_region_bound_covers_flashinfer_tensor_core_plan_arrays(padded, rows):
+    """Deterministic inference plans tensor-core decode with ``PrefillPlan``: request, q-tile and KV-tile
+    indices (``padded`` int32), the output indptr (rows + 1), the chunk size, the row count (CUDA graphs),
+    the merge indptr (rows + 1) and the block-valid mask (split KV), each aligned as its allocator aligns it."""
+    off = 0
+    for size, alignment in ((4 * padded, 16), (4 * padded, 16), (4 * padded, 16), (4 * (rows + 1), 16), (4, 1),
+                            (4, 16), (4 * (rows + 1), 16), (padded, 16)):
+        off = -(-off // alignment) * alignment + size
+    info = [padded, rows] + [0] * 13
+    assert plan_region_bytes(info, tensor_cores=True) >= off
+    if rows == padded:  # as many rows as work items: the decode layout's bound is too small for it
+        assert plan_region_bytes(info) < off
+
+
 def test_the_gpu_case_plans_one_request_dense_on_layers_2_to_4_only(tmp_path):
     """The GPU test's case (``helpers.dense_layers_case``), planned as its server would: the odd schedule
     loads from the schedule dir the schedulers read, and in the mixed batch it makes layers 2-4 (not 5)

@@ -6,7 +6,9 @@ The stand-in's decode wrapper keeps FlashInfer's contract where the module relie
 ``fast_decode_plan`` write the plan through the pinned staging buffer into the int workspace (here: the
 row pointers they were given, so a layer's plan says which group it came from) and return its layout
 (``_plan_info``, padded batch first); ``run`` reads ``_int_workspace_buffer``, ``_plan_info`` and
-``_paged_kv_indptr_buf`` at call time.
+``_paged_kv_indptr_buf`` at call time; a fixed split size needs a tensor-core wrapper (FlashInfer 0.6.15
+``decode.py``: "fixed_split_size is only supported by tensor core decode"), and each plan call's split
+arguments and the type of its last-page lengths are recorded.
 """
 from __future__ import annotations
 
@@ -36,9 +38,21 @@ def _write_plan(wrapper, indptr_host: torch.Tensor) -> None:
     wrapper._plan_info = [wrapper.padded, 0, 0, 0, 0, 0, 0, 0, int(wrapper.is_cuda_graph_enabled), 1]
 
 
+CALLS: list[dict] = []  # each plan / fast_decode_plan call: wrapper kind, split, last-page lengths' device
+
+
+def _record(wrapper, how, last_page_len, kwargs) -> None:
+    split = {k: kwargs[k] for k in ("fixed_split_size", "disable_split_kv") if k in kwargs}
+    if split.get("fixed_split_size") is not None and not wrapper.use_tensor_cores:
+        raise ValueError("fixed_split_size is only supported by tensor core decode for now.")
+    CALLS.append({"how": how, "tensor_cores": wrapper.use_tensor_cores, "graph": wrapper.is_cuda_graph_enabled,
+                  "last_page_len_device": last_page_len.device.type, **split})
+
+
 class FakeWrapper:
-    def __init__(self, workspace, layout, backend="fa2", use_cuda_graph=False, paged_kv_indptr_buffer=None,
-                 paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+    def __init__(self, workspace, layout, backend="fa2", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+        self.use_tensor_cores = use_tensor_cores
         self._float_workspace_buffer = workspace
         self._int_workspace_buffer = torch.zeros(1 << 14, dtype=torch.uint8)
         self._pin_memory_int_workspace_buffer = torch.zeros(1 << 14, dtype=torch.uint8)
@@ -51,6 +65,7 @@ class FakeWrapper:
         self.padded = PADDED
 
     def plan(self, indptr, indices, last_page_len, *args, **kwargs):
+        _record(self, "plan", last_page_len, kwargs)
         if self.is_cuda_graph_enabled:
             assert len(last_page_len) == self._fixed_batch_size
             self._paged_kv_indptr_buf[:indptr.numel()].copy_(indptr)
@@ -68,6 +83,7 @@ class FakeWrapper:
 
 def fake_fast_decode_plan(self, indptr, indices, last_page_len, *args, global_override_indptr_cpu=None, **kwargs):
     assert self.is_cuda_graph_enabled and len(last_page_len) == self._fixed_batch_size
+    _record(self, "fast_decode_plan", last_page_len, kwargs)
     _write_plan(self, global_override_indptr_cpu)
 
 
@@ -77,6 +93,7 @@ def LP(monkeypatch):
     fake.BatchDecodeWithPagedKVCacheWrapper = FakeWrapper
     fake.fast_decode_plan = fake_fast_decode_plan
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    CALLS.clear()
     monkeypatch.delitem(sys.modules, "sparrow_server.sglang_plugin.scheduler.layer_plans", raising=False)
     module = importlib.import_module("sparrow_server.sglang_plugin.scheduler.layer_plans")
     yield module
@@ -154,3 +171,44 @@ def test_eager_layers_use_one_wrapper_per_group(LP):
     _check_layers(layers, plans, groups, graph=False)
     assert layers[3].wrapper is not layers[2].wrapper and layers[2].wrapper is layers[5].wrapper
     assert indices.numel() >= max(p.total_pages for p in plans) and len(ep.wrappers) == 2
+
+
+def _split_kwargs(split) -> dict:
+    return {**ARGS[1], **split.plan_kwargs()}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_every_plan_call_gets_the_mode_s_split_and_wrappers(LP, deterministic):
+    """What the backend builds from ``determinism.backend_splits``: tensor-core wrappers under deterministic
+    inference (CUDA-core ones otherwise, as before), and every plan -- the capture's, each group's per
+    step, the eager ones -- with that mode's KV split; graph steps pass the host last-page lengths (no
+    device -> host copy in tensor-core planning)."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import decode_split
+
+    eager, graph = (decode_split(deterministic, g, None, PS) for g in (False, True))
+    gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu", use_tensor_cores=graph.use_tensor_cores)
+    plan, groups, plans = _step([dense_schedule()] * 2, [1, 1])
+    gp.capture(2, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], _split_kwargs(graph))
+    odd = _schedule("odd", (0, 1, 3))
+    plan, groups, plans = _step([_schedule("a"), odd], [900, 700])
+    _check_layers(gp.step(2, plans, groups, *ARGS[:1], _split_kwargs(graph)), plans, groups)
+    ep = LP.EagerLayerPlans(torch.zeros(16, dtype=torch.uint8), LAYERS, H, device="cpu",
+                            use_tensor_cores=eager.use_tensor_cores)
+    layers, _ = ep.step(2, plans, groups, *ARGS[:1], _split_kwargs(eager))
+    _check_layers(layers, plans, groups, graph=False)
+    want = lambda how, split, g: {"how": how, "tensor_cores": deterministic, "graph": g,
+                                  "last_page_len_device": "cpu", **split.plan_kwargs()}
+    assert CALLS == ([want("plan", graph, True)] + [want("fast_decode_plan", graph, True)] * groups.num_groups
+                     + [want("plan", eager, False)] * groups.num_groups)
+    assert groups.num_groups == 2 and gp.ws_bytes == LP.workspace_bytes(MAX_BS * H, deterministic)
+
+
+def test_a_fixed_split_on_cuda_core_wrappers_is_refused_as_flashinfer_refuses_it(LP):
+    """The stand-in keeps FlashInfer's contract: the eager deterministic split needs tensor-core wrappers."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import decode_split
+
+    split = decode_split(True, False, None, PS)
+    plan, groups, plans = _step([_schedule("a")] * 2, [900, 700])
+    ep = LP.EagerLayerPlans(torch.zeros(16, dtype=torch.uint8), LAYERS, H, device="cpu", use_tensor_cores=False)
+    with pytest.raises(ValueError, match="tensor core"):
+        ep.step(2, plans, groups, *ARGS[:1], _split_kwargs(split))

@@ -16,6 +16,11 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
   (exact radix-select top-k, the row's scores held in registers when they fit, else streamed,
   fused with writing the FlashInfer page ids into the wrapper's index buffer); then FlashInfer
   decode over the selected pages.
+Deterministic inference (``--enable-deterministic-inference``): SGLang's parent class plans prefill and
+the dense layers batch-invariantly; ``determinism.backend_splits`` gives the sparse plans the same
+policy (tensor-core decode, no KV split under CUDA graphs, a fixed split eagerly), so a request's
+sparse decode does not depend on its batch (the selection kernels never did: every program reads
+one request's query, landmarks and plan fields).
 Landmarks (mean post-RoPE key per page and KV head) live in a side cache per sparse layer,
 sized at backend creation from the KV pool, inside the memory saver's ``kv_cache`` region
 (``landmarks.kv_cache_region``).
@@ -38,6 +43,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
+from sparrow_server.sglang_plugin.scheduler.determinism import backend_splits
 from sparrow_server.sglang_plugin.scheduler.hooks import ROWS_ATTR
 from sparrow_server.sglang_plugin.scheduler.layer_groups import (
     LayerGroups, extra_dense_layers, group_layers, group_plans,
@@ -100,6 +106,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
+        # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
+        self.split_eager, self.split_graph = backend_splits(self, self.page_size)
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)
@@ -113,7 +121,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             }
         self.sparse_layers = tuple(sorted(self.landmarks))
         self._extra: dict[int, frozenset] = {}  # schedule slot -> the sparse layers its schedule keeps dense
-        self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads)
+        self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads,
+                                           use_tensor_cores=self.split_eager.use_tensor_cores)
         self.graph_plans: GraphLayerPlans | None = None
         self.step: _Step | None = None
         self._warned: set[str] = set()
@@ -121,15 +130,18 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                                     heads=self.kv_heads)
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
-                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s",
+                    "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s, "
+                    "KV split eager %s / graph %s",
                     len(self.landmarks), sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap,
-                    self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant)
+                    self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant, self.split_eager,
+                    self.split_graph)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         rows = max_bs * self.num_kv_heads
-        self.graph_plans = GraphLayerPlans(self.sparse_layers, max_bs, self.num_kv_heads, self.pcap)
+        self.graph_plans = GraphLayerPlans(self.sparse_layers, max_bs, self.num_kv_heads, self.pcap,
+                                           use_tensor_cores=self.split_graph.use_tensor_cores)
         self.g_scores = torch.empty(rows, self.pcap, dtype=torch.float32, device="cuda")
 
     # ---- per-step planning (host) -----------------------------------------------------------
@@ -192,7 +204,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                          "clamped (raise SPARROW_TOPK_CAP_TOKENS)")
         nrows = bs * self.num_kv_heads
         plan_args = (self.group, 1, self.head_dim, self.page_size)
-        plan_kwargs = dict(data_type=self.kv_dtype, q_data_type=self.q_dtype, non_blocking=True)
+        split = self.split_graph if graph else self.split_eager
+        plan_kwargs = dict(data_type=self.kv_dtype, q_data_type=self.q_dtype, non_blocking=True, **split.plan_kwargs())
         if graph:
             if in_capture:
                 self.graph_plans.capture(bs, self.workspace_buffer, plan, plan_args, plan_kwargs)

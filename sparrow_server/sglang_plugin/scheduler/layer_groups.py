@@ -120,17 +120,21 @@ def group_layout(max_bs: int, num_kv_heads: int) -> dict[str, tuple[int, int]]:
 # FlashInfer's decode plan (``DecodePlan`` in ``attention/scheduler.cuh``) writes, from offset 0 of the
 # wrapper's int workspace: request indices, KV tile indices, output indptr (``padded_batch_size`` (+1)
 # int32 each, 16-byte aligned), the chunk size (one int32) and, with split-KV, a block-valid mask (one
-# byte per padded row). ``plan_info[0]`` is ``padded_batch_size``.
+# byte per padded row). Tensor-core decode (deterministic inference) plans with ``PrefillPlan``: request,
+# q-tile and KV-tile indices (``padded`` int32 each), the output indptr (rows + 1), the chunk size, under
+# CUDA graphs the row count, and with split-KV the merge indptr (rows + 1) and the block-valid mask;
+# rows <= padded. ``plan_info[0]`` is ``padded_batch_size`` in both.
 PLAN_INFO_PADDED_BATCH = 0
 
 
-def plan_region_bytes(plan_info: Sequence[int]) -> int:
+def plan_region_bytes(plan_info: Sequence[int], tensor_cores: bool = False) -> int:
     """Bytes at the start of a FlashInfer decode wrapper's int workspace that hold its plan: an upper
-    bound of ``3 * 4 * (padded + 1) + 4 + padded`` plus the alignment padding of five arrays."""
+    bound of ``3 * 4 * (padded + 1) + 4 + padded`` (decode) or ``5 * 4 * (padded + 1) + 8 + padded``
+    (tensor cores) plus the alignment padding of up to eight arrays."""
     padded = int(plan_info[PLAN_INFO_PADDED_BATCH])
     if padded < 0:
         raise ValueError(f"plan_info={list(plan_info)}: padded batch size {padded} < 0")
-    return 16 * (padded + 1) + 256
+    return (24 if tensor_cores else 16) * (padded + 1) + 256
 
 
 __all__ = ["LayerGroups", "extra_dense_layers", "group_layers", "densify", "group_plans", "pack_groups",

@@ -15,6 +15,9 @@ layer reads -- its per-request fields, its row pointers and FlashInfer's plan ar
 
 In CUDA-graph mode FlashInfer's decode plan lays its arrays out by batch size only (``plan_info``:
 padded batch, offsets); every group's plan must give the layout captured, which each step checks.
+Under deterministic inference the wrappers use tensor cores and every plan gets ``determinism``'s split
+(no KV split under graphs, a fixed one eagerly), in ``plan_kwargs``: a row's chunks do not depend on
+the batch.
 This module reads three private attributes of FlashInfer's decode wrapper (``_int_workspace_buffer``,
 ``_pin_memory_int_workspace_buffer``, ``_paged_kv_indptr_buf``), the ones ``run`` and ``fast_decode_plan``
 read.
@@ -34,9 +37,11 @@ from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, Step
 GRID_BOUND = 16384  # above FlashInfer's padded batch (blocks per SM x SMs) on any card we run
 
 
-def workspace_bytes(max_rows: int) -> int:
-    """Int workspace of one plan slot: ``plan_region_bytes`` of the largest padded batch."""
-    return plan_region_bytes([max(max_rows, GRID_BOUND)])
+def workspace_bytes(max_rows: int, tensor_cores: bool = False) -> int:
+    """Int workspace of one plan slot: ``plan_region_bytes`` of the largest padded batch (tensor cores:
+    at most one q tile per row plus the batch, ``PrefillSplitQOKVIndptr``'s bound, or the grid)."""
+    padded = max(2 * max_rows if tensor_cores else max_rows, GRID_BOUND)
+    return plan_region_bytes([padded], tensor_cores)
 
 
 @dataclass
@@ -63,13 +68,16 @@ def _views(buf: torch.Tensor, layout, bs: int, rows: int) -> tuple[dict, torch.T
 class EagerLayerPlans:
     """Without CUDA graphs: one wrapper per group (made on first use), each planned per step."""
 
-    def __init__(self, workspace: torch.Tensor, layers: tuple[int, ...], num_kv_heads: int, device: str = "cuda"):
+    def __init__(self, workspace: torch.Tensor, layers: tuple[int, ...], num_kv_heads: int, device: str = "cuda",
+                 use_tensor_cores: bool = False):
         self.workspace, self.layers, self.num_kv_heads, self.device = workspace, layers, num_kv_heads, device
+        self.use_tensor_cores = use_tensor_cores
         self.wrappers: list[BatchDecodeWithPagedKVCacheWrapper] = []
 
     def _wrapper(self, g: int) -> BatchDecodeWithPagedKVCacheWrapper:
         while len(self.wrappers) <= g:
-            self.wrappers.append(BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2"))
+            self.wrappers.append(BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2",
+                                                                    use_tensor_cores=self.use_tensor_cores))
         return self.wrappers[g]
 
     def step(self, bs: int, plans: list[StepPlan], groups: LayerGroups, plan_args, plan_kwargs):
@@ -100,8 +108,10 @@ class _Captured:
 class GraphLayerPlans:
     """Under CUDA graphs: per-layer buffers read by the captured graphs, filled per step."""
 
-    def __init__(self, layers: tuple[int, ...], max_bs: int, num_kv_heads: int, pcap: int, device: str = "cuda"):
+    def __init__(self, layers: tuple[int, ...], max_bs: int, num_kv_heads: int, pcap: int, device: str = "cuda",
+                 use_tensor_cores: bool = False):
         self.layers, self.num_kv_heads, self.device = layers, num_kv_heads, torch.device(device)
+        self.use_tensor_cores = use_tensor_cores
         dev = self.device
         n_layers = len(layers)
         self.layout = packed_layout(max_bs, num_kv_heads)
@@ -111,7 +121,7 @@ class GraphLayerPlans:
         self.group_of_layer = self.meta[:n_layers]
         self.groups = self.meta[n_layers:].view(self.max_groups, self.stride)
         self.layer_meta = torch.zeros(n_layers, self.stride, dtype=torch.int32, device=dev)
-        self.ws_bytes = workspace_bytes(max_bs * num_kv_heads)
+        self.ws_bytes = workspace_bytes(max_bs * num_kv_heads, use_tensor_cores)
         self.slot_ws = torch.zeros(self.max_groups, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.layer_ws = torch.zeros(n_layers, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.slot_pinned: list[torch.Tensor] = []
@@ -123,8 +133,9 @@ class GraphLayerPlans:
         rows = bs * self.num_kv_heads
         _, row_indptr, last_page_len = _views(self.groups[0], self.layout, bs, rows)
         wrapper = BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", backend="fa2", use_cuda_graph=True, paged_kv_indptr_buffer=row_indptr,
-            paged_kv_indices_buffer=self.indices, paged_kv_last_page_len_buffer=last_page_len)
+            workspace, "NHD", backend="fa2", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
+            paged_kv_indptr_buffer=row_indptr, paged_kv_indices_buffer=self.indices,
+            paged_kv_last_page_len_buffer=last_page_len)
         wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices[:max(plan.total_pages, 1)],
                      torch.from_numpy(plan.last_page_len), *plan_args, **plan_kwargs)
         layers = {}
@@ -156,13 +167,15 @@ class GraphLayerPlans:
         host = _meta_host(plans, groups, self.layout)
         self.meta[:host.size].copy_(torch.from_numpy(host), non_blocking=True)
         for g, p in enumerate(plans):
-            _, row_indptr, last_page_len = _views(self.groups[g], self.layout, bs, rows)
+            _, row_indptr, _ = _views(self.groups[g], self.layout, bs, rows)
             slot = self._slot(cap, g)
-            fast_decode_plan(slot, row_indptr, self.indices, last_page_len, *plan_args, fixed_split_size=None,
-                             disable_split_kv=False, global_override_indptr_cpu=torch.from_numpy(p.row_indptr),
-                             **plan_kwargs)
+            # Under graphs FlashInfer reads the last-page lengths from the buffer the copy above filled; the
+            # host array gives their count, and tensor-core planning reads it (no device -> host copy).
+            # ``plan_kwargs`` holds the KV split (``determinism.DecodeSplit.plan_kwargs``).
+            fast_decode_plan(slot, row_indptr, self.indices, torch.from_numpy(p.last_page_len), *plan_args,
+                             global_override_indptr_cpu=torch.from_numpy(p.row_indptr), **plan_kwargs)
             self._check_layout(cap, slot._plan_info, bs)
-        n = plan_region_bytes(cap.plan_info)
+        n = plan_region_bytes(cap.plan_info, self.use_tensor_cores)
         if n > self.ws_bytes:
             raise RuntimeError(f"sparrow: FlashInfer's decode plan needs {n} bytes, the slots hold {self.ws_bytes}")
         torch.index_select(self.groups, 0, self.group_of_layer, out=self.layer_meta)

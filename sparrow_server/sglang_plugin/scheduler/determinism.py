@@ -1,0 +1,125 @@
+"""Batch-invariant sparse decode under SGLang's deterministic inference (``--enable-deterministic-inference``,
+also forced by ``--rl-on-policy-target``; issue 23). Pure functions, no SGLang or GPU import.
+
+In that mode SGLang makes GEMMs, norms and log-softmax batch-invariant, samples with the pytorch
+backend and per-request seeds, and plans its FlashInfer backend so that a request's attention does not
+depend on the batch (SGLang 0.5.17 ``layers/attention/flashinfer_backend.py:398-416``): tensor-core
+decode (FlashInfer's prefill kernel, whose plan takes a split size), with a fixed KV split of
+``SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE`` tokens (default 2048) eagerly (``:912-923``) and no KV
+split under CUDA graphs (``:720-730``), where FlashInfer's plan must fit the grid fixed at capture.
+The sparrow backend inherits all of that for prefill and the server's dense layers; ``decode_split``
+gives its block-sparse decode the same policy (FlashInfer's units are pages of 16 tokens there).
+
+Outside that mode FlashInfer chooses each row's KV chunks from the whole batch (its decode plan's
+binary search over every row's page count: ``attention/scheduler.cuh``,
+``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`` / ``PrefillBinarySearchKVChunkSize``), so
+a request's partial softmax states, and the order they are merged in, depend on its neighbours.
+
+``truncation_align_size``: SGLang aligns a chunked prefill's cut to FlashInfer's prefill split tile
+only when ``--attention-backend flashinfer`` (``managers/scheduler.py:1479-1494``); sparrow's prefill
+is FlashInfer's, so the plug-in sets the same alignment for it (``install``: an AFTER hook on
+``Scheduler.init_deterministic_inference_config``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from sparrow_server.sglang_plugin.config import BACKEND_NAME
+
+ENV_DECODE_SPLIT_TILE = "SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE"    # SGLang's, read by its backend
+ENV_PREFILL_SPLIT_TILE = "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"  # SGLang's, read by its scheduler
+DEFAULT_DECODE_SPLIT_TOKENS = 2048   # SGLang 0.5.17's defaults of the two
+DEFAULT_PREFILL_SPLIT_TOKENS = 4096
+CONFIG_TARGET = "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config"
+
+
+@dataclass(frozen=True)
+class DecodeSplit:
+    """How the sparse decode's FlashInfer plan splits each (request, KV head) row's KV.
+
+    ``use_tensor_cores``: FlashInfer's tensor-core decode (its prefill kernel; the one whose plan takes
+    a split size). ``fixed_split_size``: pages per KV chunk of every row, or None (FlashInfer's choice,
+    or no split with ``disable_split_kv``)."""
+
+    use_tensor_cores: bool
+    fixed_split_size: int | None
+    disable_split_kv: bool
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Each row's chunks follow from its own length only (FlashInfer does not search the batch)."""
+        return self.use_tensor_cores and (self.disable_split_kv or self.fixed_split_size is not None)
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of FlashInfer's ``plan`` / ``fast_decode_plan``."""
+        return {"fixed_split_size": self.fixed_split_size, "disable_split_kv": self.disable_split_kv}
+
+
+FLASHINFER_CHOICE = DecodeSplit(use_tensor_cores=False, fixed_split_size=None, disable_split_kv=False)
+
+
+def decode_split(deterministic: bool, graph: bool, split_tile_tokens: int | None, page_size: int) -> DecodeSplit:
+    """The split of one decode step's sparse plan. Depends on the mode (and, eagerly, the tile), never
+    on the batch: outside deterministic inference FlashInfer's own choice (CUDA-core decode, as before);
+    in it, SGLang's FlashInfer policy: no KV split under CUDA graphs, chunks of ``split_tile_tokens``
+    (SGLang's decode tile, rounded up to pages) eagerly."""
+    if page_size < 1:
+        raise ValueError(f"page_size={page_size}: must be >= 1")
+    if not deterministic:
+        return FLASHINFER_CHOICE
+    if graph:
+        return DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)
+    tokens = DEFAULT_DECODE_SPLIT_TOKENS if split_tile_tokens is None else int(split_tile_tokens)
+    if tokens < 1:
+        raise ValueError(f"decode split tile of {tokens} tokens: must be >= 1")
+    return DecodeSplit(use_tensor_cores=True, fixed_split_size=math.ceil(tokens / page_size), disable_split_kv=False)
+
+
+def backend_splits(backend: Any, page_size: int) -> tuple[DecodeSplit, DecodeSplit]:
+    """(eager, graph) splits of a backend built on SGLang's ``FlashInferAttnBackend``, from what its
+    ``__init__`` set: ``enable_deterministic`` and ``decode_split_tile_size`` (absent: not deterministic)."""
+    deterministic = bool(getattr(backend, "enable_deterministic", False))
+    tile = getattr(backend, "decode_split_tile_size", None)
+    return (decode_split(deterministic, False, tile, page_size), decode_split(deterministic, True, tile, page_size))
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    """As SGLang's ``get_int_env_var``: unset, blank or not an integer gives the default."""
+    text = (env.get(name) or "").strip()
+    try:
+        return int(text) if text else default
+    except ValueError:
+        return default
+
+
+def truncation_align_size(attention_backend: str | None, deterministic: bool, env: Mapping[str, str]) -> int | None:
+    """Chunked-prefill truncation alignment of a deterministic sparrow server: what SGLang sets for
+    ``flashinfer`` (its prefill split tile), None otherwise."""
+    if not deterministic or attention_backend != BACKEND_NAME:
+        return None
+    return _int_env(env, ENV_PREFILL_SPLIT_TILE, DEFAULT_PREFILL_SPLIT_TOKENS)
+
+
+def after_init_deterministic_config(result, scheduler, *args, **kwargs):
+    """AFTER ``Scheduler.init_deterministic_inference_config``: align a sparrow server's chunked
+    prefill as SGLang aligns a flashinfer one (left alone when SGLang set an alignment itself)."""
+    import os
+
+    server_args = getattr(scheduler, "server_args", None)
+    if server_args is None or getattr(scheduler, "truncation_align_size", None) is not None:
+        return None
+    size = truncation_align_size(getattr(server_args, "attention_backend", None),
+                                 bool(getattr(server_args, "enable_deterministic_inference", False)), os.environ)
+    if size is not None:
+        scheduler.truncation_align_size = size
+    return None
+
+
+def install(hook_registry, hook_type) -> None:
+    hook_registry.register(CONFIG_TARGET, after_init_deterministic_config, hook_type.AFTER)
+
+
+__all__ = ["DecodeSplit", "FLASHINFER_CHOICE", "decode_split", "backend_splits", "truncation_align_size",
+           "after_init_deterministic_config", "install", "CONFIG_TARGET"]
