@@ -12,10 +12,12 @@ so the kept positions are a uniform, token-independent sample of every length bi
 The fixed pattern aliases with periodic text: a rollout looping with a period that divides the stride
 (a two-token loop, common in long rollouts) keeps one phase of the loop only. In the 8K GPU study the p5 of
 a looping bin's even and of its odd positions differed by up to 0.47, and with the fixed pattern the live
-p5 needed 4-8x more rollouts for ±0.02 and its interval covered 39-66% (jittered: 95%+;
-``benchmarks/results/fidelity/live_tail/``). Jitter removes that at the same memory (one row per block). At a kept position the sparse row is stored as ``compact_logits`` (float16
-``logits - max``); the dense pass compares it with the dense row there (``kept_acceptance``). Generated
-position ``g`` (0-based) is the completion's ``g``-th token.
+p5 needed 2-8x more rollouts for ±0.02 and its interval covered as little as 21% (jittered: 93%+;
+``benchmarks/results/fidelity/live_tail/``). Jitter removes that at the same memory (one row per block).
+
+At a kept position the sparse row is stored as ``compact_logits`` (float16 ``logits - max``); the dense pass
+compares it with the dense row there (``kept_acceptance``). Generated position ``g`` (0-based) is the
+completion's ``g``-th token.
 """
 from __future__ import annotations
 
