@@ -54,6 +54,7 @@ PAGE = 16
 MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
 ENGINES = ("sglang", "reference")
 CHECK, FLOOR = "check", "floor"
+MAX_MISSING_SHARE = 0.01  # kept positions without a value (re-prefilled, row store full) the check tolerates
 PACKED = ("live_tail.json", "live_tail.md", "live_tail_tokens.npz")
 IN_TAR = ("*.log", "rollouts.jsonl", "metrics.txt")
 
@@ -258,11 +259,11 @@ def analyse(records: Sequence[dict[str, Any]], live: dict[str, dict[int, dict[st
         scored = [r for r in ok if r.get("oracle") is not None]
         scored_ids = {id(r) for r in scored}
         cols: dict[str, list] = {k: [] for k in ("bin", "kept_bin", "oracle", "oracle_kept", "server_kept")}
-        missing = 0
+        missing = kept_total = 0
         live_all: dict[int, list] = {}
         for r in ok:
             kept, values, miss = kept_of(r)
-            missing += miss.size
+            missing, kept_total = missing + miss.size, kept_total + kept.size + miss.size
             basis = len(r["prompt_ids"]) + np.arange(len(r["completion_ids"]))
             if values is not None:
                 for b, v in zip(length_bins(basis[kept], bin_tokens, DEFAULT_MAX_BINS), values):
@@ -310,8 +311,15 @@ def analyse(records: Sequence[dict[str, Any]], live: dict[str, dict[int, dict[st
             reasons.append(f"{len(recs) - len(ok)} of {len(recs)} rollouts not verified")
         if len(scored) < len(ok):
             reasons.append(f"{len(ok) - len(scored)} of {len(ok)} verified rollouts not scored by the oracle")
-        if missing:
-            reasons.append(f"{missing} kept positions without a value")
+        notes = []
+        if missing > MAX_MISSING_SHARE * max(kept_total, 1):
+            reasons.append(f"{missing} of {kept_total} kept positions without a value")
+        elif missing:  # left out of the live window and of the oracle at the kept positions alike
+            notes.append(f"{missing} of {kept_total} kept positions without a value (left out on both sides)")
+        mismatched = [r["bin"] for r in rows if r.get("live_matches_meta") is False]
+        if mismatched:
+            notes.append(f"bins {mismatched}: the live p5 is not the p5 of the responses' kept values (other "
+                         "verified rollouts in the window?)")
         unpublished = [r["bin"] for r in rows if r["judged"] and r["live_p5"] is None]
         if unpublished:
             reasons.append(f"bins {unpublished} have enough kept tokens but no live p5")
@@ -322,7 +330,7 @@ def analyse(records: Sequence[dict[str, Any]], live: dict[str, dict[int, dict[st
         verdict = "insufficient" if reasons else ("fail" if failing else "pass")
         arms[arm] = {"schedule": schedule, "rollouts": len(recs), "verified": len(ok), "scored": len(scored),
                      "missing_kept": int(missing), "per_token": per_token, "bins": rows, "verdict": verdict,
-                     "reasons": reasons, "failing_bins": failing,
+                     "reasons": reasons, "notes": notes, "failing_bins": failing,
                      "max_abs_diff": max((abs(r["diff"]) for r in judged), default=None),
                      "max_abs_rounding": max((abs(r["rounding"]) for r in judged), default=None),
                      "max_abs_sampling": max((abs(r["sampling"]) for r in judged), default=None),
@@ -345,6 +353,7 @@ def markdown(summary: dict[str, Any]) -> str:
                   "", f"verified {a['verified']} / {a['rollouts']}, oracle-scored {a['scored']}; max |diff| "
                   f"{_f(a['max_abs_diff'])} = rounding up to {_f(a['max_abs_rounding'])} + sampling up to "
                   f"{_f(a['max_abs_sampling'])}; interval coverage {_f(a['interval_coverage'], '.2f')}.", ""]
+        lines += [f"Note: {n}." for n in a["notes"]] + ([""] if a["notes"] else [])
         if a["per_token"]:
             t = a["per_token"]
             lines += [f"Per kept token, server vs oracle: median |Δ| {t['median_abs']:.4f}, p99 {t['p99_abs']:.4f}, "

@@ -146,6 +146,22 @@ def test_analysis_is_insufficient_with_a_rollout_missing_its_oracle_or_its_answe
     assert check["verdict"] == "insufficient" and "[2]" in check["reasons"][0]
 
 
+def test_a_few_missing_kept_positions_are_noted_many_make_it_insufficient():
+    records = _records()
+
+    def drop(sub, n):  # the last n kept positions come back without a value
+        sub["missing"] = sub["positions"][-n:]
+        sub["positions"], sub["acceptance"] = sub["positions"][:-n], sub["acceptance"][:-n]
+
+    drop(records[0]["meta"]["exact_subsample"], 1)
+    drop(records[1]["meta"]["exact_subsample"], 2)  # 3 of 10,240: left out on both sides
+    check = live_tail.analyse(records, _live(records, 256), 256, 0.02)["check"]
+    assert check["verdict"] == "pass" and check["notes"] == ["3 of 10240 kept positions without a value (left out on both sides)"]
+    drop(records[2]["meta"]["exact_subsample"], 200)
+    check = live_tail.analyse(records, _live(records, 256), 256, 0.02)["check"]
+    assert check["verdict"] == "insufficient" and "without a value" in check["reasons"][0]
+
+
 def test_without_a_subsample_the_kept_positions_are_all_positions():
     records = _records(n_rollouts=4)
     for r in records:
