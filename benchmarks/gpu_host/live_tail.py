@@ -12,7 +12,8 @@ float32 oracle's exact p5 of every position of the same rollouts, in one device 
    kept positions and their exact values, ``exact_subsample``).
 4. ``/metrics``: ``sparrow_acceptance_p5`` per bin (the live estimate) and its interval. The server stops.
 5. The oracle (``cross_engine.oracle_rollout``: the reference teacher-forced sparse forward and the dense forward,
-   float32 on ``--device``) on the same tokens: exact acceptance of every position. Check arm first; stopped
+   float32 on ``--device``) on the same tokens: exact acceptance of every position. It runs in a thread from the
+   first answer on, beside the server's remaining verify prefills, check arm first, and takes no new rollout
    ``--oracle-reserve-s`` before the deadline.
 6. Per bin: live p5, oracle p5 over every position, the difference and whether it is within ``--tolerance``; its
    split into live - oracle at the kept positions (the engine's rounding) and oracle at the kept positions -
@@ -35,11 +36,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import shutil
 import sys
 import tarfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Sequence
@@ -174,8 +177,10 @@ def server_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
     return cmd + ["--", *args], env
 
 
-def run_rollouts(config: RunConfig, clock: Clock, url: str, todo: list[dict[str, Any]], timeout_s: float) -> list[dict]:
-    """Every request at once; each answer (or its error) in a record."""
+def run_rollouts(config: RunConfig, clock: Clock, url: str, todo: list[dict[str, Any]], timeout_s: float,
+                 on_done: Any = None) -> tuple[list[dict], str]:
+    """Every request at once; each answer (or its error) in a record, handed to ``on_done(index, record)`` as it
+    comes back. Returns the records in request order and the server's /metrics text after the last one."""
     import httpx
 
     from sparrow_server.client import SparrowClient
@@ -201,10 +206,84 @@ def run_rollouts(config: RunConfig, clock: Clock, url: str, todo: list[dict[str,
         for arm, sched in schedules(config).items():
             client.put_schedule(sched.name, sched.to_dict())
         with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
-            out = list(pool.map(one, todo))
+            futures = {pool.submit(one, req): i for i, req in enumerate(todo)}
+            out: list[dict] = [{} for _ in todo]
+            for future in as_completed(futures):
+                i = futures[future]
+                out[i] = future.result()
+                if on_done is not None:
+                    on_done(i, out[i])
         metrics = client.metrics()
     log(clock, f"{sum('error' not in r for r in out)} of {len(out)} rollouts back, verified")
     return out, metrics
+
+
+class OracleWorker(threading.Thread):
+    """Scores verified rollouts with the float32 oracle as they come back (``put``), check arm first, while the
+    server still verifies the others; stops taking new ones ``oracle_reserve_s`` before the deadline. The model
+    loads when the thread starts (after the server is up: SGLang sizes its pools from the free memory at start).
+    ``values``: rollout index -> [N] exact acceptance of every generated position."""
+
+    _END = (9, 1 << 62, None)
+
+    def __init__(self, config: RunConfig, clock: Clock, names: dict[str, Any]):
+        super().__init__(name="live-tail-oracle", daemon=True)
+        self.config, self.clock, self.names = config, clock, names
+        self.queue: queue.PriorityQueue = queue.PriorityQueue()
+        self.values: dict[int, list[float]] = {}
+        self.skipped = 0
+        self.error: str | None = None  # the model did not load: nothing is scored
+        self.errors: dict[int, str] = {}  # rollout index -> why the oracle failed on it
+        self.first_s = self.last_s = None
+
+    def put(self, index: int, record: dict[str, Any]) -> None:
+        if "error" not in record:
+            self.queue.put((0 if record["arm"] == CHECK else 1, index, record))
+
+    def finish(self) -> None:
+        """No more rollouts: score what is queued (or stop at the reserve), then return."""
+        self.queue.put(self._END)
+        self.join()
+
+    def run(self) -> None:
+        try:
+            import torch
+
+            from cross_engine import oracle_rollout
+            from sparrow_server.models import load_model
+            from sparrow_server.monitor.scoring import HFScorer
+
+            if self.config.threads:
+                torch.set_num_threads(self.config.threads)
+            model = load_model(self.config.model_dir, device=self.config.device, dtype=torch.float32).model
+            scorer = HFScorer(model)
+        except Exception as exc:  # every rollout then stays unscored: the verdict says so
+            self.error = f"{type(exc).__name__}: {exc}"
+            log(self.clock, f"oracle failed to load: {self.error}")
+            while self.queue.get() is not self._END:
+                pass
+            return
+        while True:
+            item = self.queue.get()
+            if item is self._END:
+                break
+            _, index, rec = item
+            if self.clock.elapsed() > self.config.deadline_s - self.config.oracle_reserve_s:
+                self.skipped += 1
+                continue
+            self.first_s = self.first_s if self.first_s is not None else self.clock.elapsed()
+            try:
+                exact, _ = oracle_rollout(model, rec["prompt_ids"], rec["completion_ids"], self.names[rec["arm"]], scorer)
+            except Exception as exc:  # this rollout stays unscored (the verdict says so); the others go on
+                self.errors[index] = f"{type(exc).__name__}: {exc}"
+                log(self.clock, f"oracle failed on rollout {index}: {self.errors[index]}")
+                continue
+            self.values[index] = exact.tolist()
+            self.last_s = self.clock.elapsed()
+            if len(self.values) % 8 == 0:
+                log(self.clock, f"oracle: {len(self.values)} rollouts scored")
+        log(self.clock, f"oracle: {len(self.values)} rollouts scored" +
+            (f", {self.skipped} not (the reserve before the deadline)" if self.skipped else ""))
 
 
 def live_series(metrics_text: str) -> dict[str, dict[int, dict[str, float]]]:
@@ -372,29 +451,6 @@ def markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def oracle_scores(config: RunConfig, clock: Clock, records: list[dict[str, Any]], names: dict[str, Any]) -> None:
-    """``record["oracle"]`` for each verified rollout, check arm first, until the reserve before the deadline."""
-    import torch
-
-    from cross_engine import oracle_rollout
-    from sparrow_server.models import load_model
-    from sparrow_server.monitor.scoring import HFScorer
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    model = load_model(config.model_dir, device=config.device, dtype=torch.float32).model
-    scorer = HFScorer(model)
-    todo = sorted((r for r in records if "error" not in r), key=lambda r: r["arm"] != CHECK)
-    for i, rec in enumerate(todo):
-        if clock.elapsed() > config.deadline_s - config.oracle_reserve_s:
-            log(clock, f"oracle stopped at the reserve: {i} of {len(todo)} rollouts scored")
-            return
-        exact, _ = oracle_rollout(model, rec["prompt_ids"], rec["completion_ids"], names[rec["arm"]], scorer)
-        rec["oracle"] = exact.tolist()
-        if i % 8 == 7 or i == len(todo) - 1:
-            log(clock, f"oracle: {i + 1} of {len(todo)} rollouts scored")
-
-
 def save_tokens(path: Path, records: list[dict[str, Any]]) -> None:
     """Per token: arm, rollout, generated position, basis length, oracle value (NaN: not scored), kept, server value."""
     import numpy as np
@@ -440,13 +496,15 @@ def run(config: RunConfig, clock: Clock) -> dict[str, Any]:
     cmd, env = server_command(config)
     url = f"http://127.0.0.1:{config.port}"
     server = Proc(cmd, config.out / "server.log", env)
+    oracle = OracleWorker(config, clock, names)
     timings: dict[str, float] = {}
     try:
         timings["server_start_s"] = wait_healthy(server, url, config.server_timeout_s)
         log(clock, f"server healthy after {timings['server_start_s']} s")
+        oracle.start()  # scores each rollout as it comes back, beside the server's verify prefills
         t0 = clock.elapsed()
         budget_s = config.deadline_s - clock.elapsed() - config.oracle_reserve_s - 30
-        records, metrics = run_rollouts(config, clock, url, todo, timeout_s=max(budget_s, 30))
+        records, metrics = run_rollouts(config, clock, url, todo, timeout_s=max(budget_s, 30), on_done=oracle.put)
         timings["rollouts_and_verification_s"] = round(clock.elapsed() - t0, 1)
     finally:
         server.stop()
@@ -454,9 +512,18 @@ def run(config: RunConfig, clock: Clock) -> dict[str, Any]:
     (config.out / "metrics.txt").write_text(metrics)
     (config.out / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     t0 = clock.elapsed()
-    oracle_scores(config, clock, records, names)
-    timings["oracle_s"] = round(clock.elapsed() - t0, 1)
+    oracle.finish()
+    timings["oracle_after_server_s"] = round(clock.elapsed() - t0, 1)
+    timings["oracle_first_to_last_s"] = (round(oracle.last_s - oracle.first_s, 1) if oracle.first_s is not None
+                                         and oracle.last_s is not None else None)
+    for index, values in oracle.values.items():
+        records[index]["oracle"] = values
     arms = analyse(records, live_series(metrics), config.bin_tokens, config.tolerance)
+    for arm in arms.values():  # unscored rollouts already make an arm insufficient; say why
+        if oracle.error:
+            arm["notes"].append(f"the oracle did not load: {oracle.error}")
+        arm["notes"] += [f"the oracle failed on rollout {i}: {e}" for i, e in oracle.errors.items()
+                         if records[i]["schedule"] == arm["schedule"]]
     save_tokens(config.out / "live_tail_tokens.npz", records)
     timings["wall_s"] = round(clock.elapsed(), 1)
     summary = {"verdict": arms[CHECK]["verdict"], "arms": arms, "device": device_info(config), "timings": timings,

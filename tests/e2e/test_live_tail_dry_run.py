@@ -170,6 +170,44 @@ def test_without_a_subsample_the_kept_positions_are_all_positions():
     assert kept.tolist() == list(range(1024)) and values is None and missing.size == 0
 
 
+def test_the_oracle_worker_scores_the_check_arm_first_and_stops_at_the_reserve(tmp_path, monkeypatch):
+    import types
+
+    import cross_engine
+    import sparrow_server.models as models
+
+    order = []
+
+    def fake_oracle(model, prompt_ids, completion_ids, schedule, scorer=None):
+        order.append(schedule)
+        clock.now += 10.0
+        if completion_ids == [666]:
+            raise RuntimeError("boom")
+        return np.full(len(completion_ids), 0.5), np.zeros(len(completion_ids))
+
+    class _Clock:
+        now = 0.0
+
+        def elapsed(self):
+            return self.now
+
+    clock = _Clock()
+    monkeypatch.setattr(cross_engine, "oracle_rollout", fake_oracle)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: types.SimpleNamespace(model=object()))
+    config = live_tail.RunConfig(out=tmp_path, model_dir=tmp_path, device="cpu", deadline_s=100, oracle_reserve_s=55)
+    worker = live_tail.OracleWorker(config, clock, {"check": "C", "floor": "F"})
+    rec = lambda arm, ids=(1, 2): {"arm": arm, "prompt_ids": [0], "completion_ids": list(ids)}  # noqa: E731
+    for i, r in enumerate([rec("floor"), rec("floor"), rec("check"), rec("check", (666,)), rec("check"),
+                           {"arm": "check", "error": "timeout"}, rec("check"), rec("check")]):
+        worker.put(i, r)  # all queued before the thread starts: priority decides the order
+    worker.start()
+    worker.finish()
+    # check-arm rollouts first (2, 3, 4, 6, 7 in order), the failed answer (5) never queued; at 50 s the reserve
+    # (100 - 55) is passed: 5 taken, the rest skipped
+    assert order == ["C"] * 5 and sorted(worker.values) == [2, 4, 6, 7] and worker.skipped == 2
+    assert "boom" in worker.errors[3] and worker.error is None
+
+
 # ----- end to end on CPU ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
