@@ -159,7 +159,7 @@ EOF
   [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
   mkdir -p "$W/livetail"  # its log goes into the packed logs: OUT takes at most 8 files (4 from --pack)
   timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/live_tail.py "$W/livetail" --pack "$OUT" --model-dir "$(model_dir)" \
-    --deadline-s "$(left 40 500)" ${LIVETAIL_ARGS:-} 2>&1 | tee "$W/livetail/live_tail.log"
+    --port $PORT --deadline-s "$(left 40 500)" ${LIVETAIL_ARGS:-} 2>&1 | tee "$W/livetail/live_tail.log"
   RC=${PIPESTATUS[0]}
   cp "$W/livetail/live_tail.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
   ;;

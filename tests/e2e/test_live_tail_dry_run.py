@@ -267,5 +267,6 @@ def test_host_stage_7_runs_the_check_under_its_deadline():
     block = text[text.index("\n7)\n"):text.index("\n*)")]
     assert 'timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/live_tail.py' in block
     assert '--pack "$OUT"' in block and '--deadline-s "$(left 40 500)"' in block and "${LIVETAIL_ARGS:-}" in block
+    assert "--port $PORT" in block  # PORT (and CUDA_VISIBLE_DEVICES) let it share a 2-GPU host with another stage
     assert 'model_dir)/config.json" ] || {' in block and "exit 3" in block  # a cold host says so
     assert "stage 1-7" in text and "stage must be 1-7" in text
