@@ -228,30 +228,43 @@ def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], d
             "agree_share_by_layer": {str(k): float(np.mean(v)) for k, v in sorted(per_layer.items())}}
 
 
-def score(model: Any, rows: list[dict], bin_tokens: int, tokens_out: Path | None = None) -> dict:
-    """Per schedule: |server - reference| logprob of the sampled tokens, exact acceptance vs the lower bound per bin.
-    ``tokens_out``: also save the per-token arrays (``<schedule>/<array>``, ``length`` = tokens attended) as npz."""
+def oracle_rollout(model: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
+                   scorer: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 oracle on one rollout: the reference teacher-forced sparse forward under ``schedule`` and the
+    plain dense forward on the same tokens. Returns (exact acceptance at temperature 1 of every generated token,
+    the reference logprob of each sampled token), both [N] float64 on the CPU."""
     from sparrow_server.modeling.sparse_forward import teacher_forced_logits
     from sparrow_server.monitor.scoring import HFScorer, chunked_exact_acceptance
 
-    scorer, device = HFScorer(model), next(model.parameters()).device
+    scorer, device = scorer or HFScorer(model), next(model.parameters()).device
+    p, c = list(prompt_ids), list(completion_ids)
+    ids = torch.tensor((p + c)[:-1], device=device)
+    with torch.inference_mode():
+        sparse = (scorer.dense_logits(p, c) if schedule.is_dense
+                  else teacher_forced_logits(model, ids, len(p), schedule)[len(p) - 1:])
+        dense = scorer.dense_logits(p, c)
+        ref_lp = torch.log_softmax(sparse, dim=-1).gather(1, torch.tensor(c, device=device)[:, None])[:, 0]
+        exact = chunked_exact_acceptance(sparse, dense, 1.0)
+    del sparse, dense
+    return exact, ref_lp.double().cpu().numpy()
+
+
+def score(model: Any, rows: list[dict], bin_tokens: int, tokens_out: Path | None = None) -> dict:
+    """Per schedule: |server - reference| logprob of the sampled tokens, exact acceptance vs the lower bound per bin.
+    ``tokens_out``: also save the per-token arrays (``<schedule>/<array>``, ``length`` = tokens attended) as npz."""
+    from sparrow_server.monitor.scoring import HFScorer
+
+    scorer = HFScorer(model)
     per: dict[str, dict[str, list[np.ndarray]]] = {}
     for row in rows:
         sched = schedule_from_dict(row["schedule"])
         p, c = row["prompt_ids"], row["completion_ids"]
-        ids = torch.tensor((p + c)[:-1], device=device)
-        with torch.inference_mode():
-            sparse = (scorer.dense_logits(p, c) if sched.is_dense
-                      else teacher_forced_logits(model, ids, len(p), sched)[len(p) - 1:])
-            dense = scorer.dense_logits(p, c)
-            ref_lp = torch.log_softmax(sparse, dim=-1).gather(1, torch.tensor(c, device=device)[:, None])[:, 0]
-            exact = chunked_exact_acceptance(sparse, dense, 1.0)
+        exact, ref_lp = oracle_rollout(model, p, c, sched, scorer)
         acc = per.setdefault(sched.name, {"diff": [], "exact": [], "lower": [], "length": []})
-        acc["diff"].append(np.abs(np.asarray(row["logprobs"]) - ref_lp.double().cpu().numpy()))
+        acc["diff"].append(np.abs(np.asarray(row["logprobs"]) - ref_lp))
         acc["exact"].append(exact)
         acc["lower"].append(np.asarray(row["lower_bound"]))
         acc["length"].append(len(p) + np.arange(len(c)))
-        del sparse, dense
     out, arrays = {}, {}
     for name, acc in per.items():
         d, ex, lb, ln = (np.concatenate(acc[k]) for k in ("diff", "exact", "lower", "length"))

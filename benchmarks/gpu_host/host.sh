@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the GPU host, from this code's root (the extracted .gpu16/code.tar.gz), one stage per device call:
-#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4|5|6
+#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4|5|6|7
 # 1: install the kit (R/.kit, R/.whl), keep model part 1.          (carry .whl .kit .gpu16 .model1)
 # 2: keep part 2; compile SmolLM2's kernels on dummy weights.       (carry .gpu16 .model2)
 # 3: keep part 3, reassemble + sha256, convert; cross-engine GPU test at 8K (graphs) + selections (eager).
@@ -10,10 +10,14 @@
 # 6: DistillSparse on one GPU: tests/engine/test_distill_cuda.py (DISTILL_TEST=0 skips), then distill_gpu.py (sparse
 #    rollouts on serve --engine sglang, LoRA on cuda, held-out p5 per bin against benchmarks/distill/decision_rule.json);
 #    needs stage 3's converted model (XE=0 is enough). DISTILL_ARGS adds arguments.
+# 7: the live-tail check (issue 25 item 1): live_tail.py serves SmolLM2 on serve --engine sglang with the exact
+#    subsample at stride 4, 56 + 8 verified rollouts at 8,160 tokens, reads the live p5 per 512-token bin from
+#    /metrics, scores the same tokens with the float32 oracle, judges |live - oracle| <= 0.02 per bin; needs stage
+#    3's converted model (XE=0 is enough). LIVETAIL_ARGS adds arguments.
 # /tmp survives between calls only while the host stays warm (~30 s): a stage that finds the kit or an
 # earlier part missing says so and exits 3 (start again from call 1).
 set -uo pipefail
-STAGE="${1:?stage 1-6}"
+STAGE="${1:?stage 1-7}"
 R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
@@ -151,7 +155,15 @@ EOF
   RC=${PIPESTATUS[0]}
   cp "$W/distill/distill.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
   ;;
-*) echo "stage must be 1-6" >&2; exit 2 ;;
+7)
+  [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
+  mkdir -p "$W/livetail"  # its log goes into the packed logs: OUT takes at most 8 files (4 from --pack)
+  timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/live_tail.py "$W/livetail" --pack "$OUT" --model-dir "$(model_dir)" \
+    --port $PORT --deadline-s "$(left 40 500)" ${LIVETAIL_ARGS:-} 2>&1 | tee "$W/livetail/live_tail.log"
+  RC=${PIPESTATUS[0]}
+  cp "$W/livetail/live_tail.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
+  ;;
+*) echo "stage must be 1-7" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
 exit "${RC:-0}"

@@ -6,7 +6,10 @@ every token into the ``sparrow_acceptance`` histogram, then the rolling exact p5
 window holds ``min_tokens`` tokens (a p5 over a handful of tokens is noise, and would page people).
 ``sparrow_tail_violations_total`` counts crossings: each time a published p5 goes from at/above the
 schedule's threshold (or unpublished) to below it. ``length_bin`` is the schedule's bin index,
-clamped to ``0 .. max_bins - 1`` (bounded cardinality).
+clamped to ``0 .. max_bins - 1`` (bounded cardinality). With each published p5 go the ends of its
+distribution-free 95% interval (``sparrow_acceptance_p5_low`` / ``_high``: order statistics of the window,
+``stats.tail.quantile_interval``), which say how far a p5 from that many tokens may be from the p5 of
+the tokens it was sampled from (``benchmarks/results/fidelity/live_tail/``).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from sparrow_server.stats.rolling import DEFAULT_MAX_BINS, DEFAULT_WINDOW, Rolli
 
 ACCEPTANCE_BUCKETS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.84, 0.86, 0.88, 0.9, 0.95, 0.99, 0.999, 1.0)
 DEFAULT_MIN_TOKENS = 200  # tokens a (schedule, bin) window needs before its p5 is published
+P5_CONFIDENCE = 0.95  # of the interval published with each p5
 
 
 class AcceptanceMetrics:
@@ -35,6 +39,12 @@ class AcceptanceMetrics:
                                     ["schedule", "length_bin"], buckets=ACCEPTANCE_BUCKETS, registry=r)
         self.p5 = Gauge("sparrow_acceptance_p5", "Rolling exact 5th percentile of acceptance",
                         ["schedule", "length_bin"], registry=r)
+        self.p5_low = Gauge("sparrow_acceptance_p5_low",
+                            "Lower end of the 95% distribution-free interval of the rolling p5",
+                            ["schedule", "length_bin"], registry=r)
+        self.p5_high = Gauge("sparrow_acceptance_p5_high",
+                             "Upper end of the 95% distribution-free interval of the rolling p5",
+                             ["schedule", "length_bin"], registry=r)
         self.threshold = Gauge("sparrow_acceptance_threshold", "The schedule's calibrated p5 target", ["schedule"],
                                registry=r)
         self.violations = Counter("sparrow_tail_violations_total", "Times the rolling p5 fell below the threshold",
@@ -86,6 +96,9 @@ class AcceptanceMetrics:
                 if stat.window_tokens < self.min_tokens or math.isnan(stat.quantile):
                     continue
                 self.p5.labels(name, str(b)).set(stat.quantile)
+                low, high = monitor.interval(name, b, P5_CONFIDENCE, support=(0.0, 1.0))
+                self.p5_low.labels(name, str(b)).set(low)
+                self.p5_high.labels(name, str(b)).set(high)
                 self._track_violation(name, b, stat.quantile, schedule.threshold)
 
     def unscored(self, schedule: Schedule, n_tokens: int) -> None:
@@ -102,10 +115,15 @@ class AcceptanceMetrics:
             self._below.add(key)
             self.violations.labels(name, str(bin_index)).inc()
 
+    def rolling_p5_interval(self, schedule: Schedule, bin_index: int) -> tuple[float, float]:
+        """The 95% interval of ``rolling_p5`` (ends clamped to [0, 1]; NaN when no tokens yet)."""
+        with self._lock:
+            return self._monitor(schedule.bin_tokens).interval(schedule.name, bin_index, P5_CONFIDENCE, (0.0, 1.0))
+
     def rolling_p5(self, schedule: Schedule, bin_index: int) -> float:
         """Current rolling p5 of one (schedule, bin) (NaN when no tokens yet), published or not."""
         with self._lock:
             return self._monitor(schedule.bin_tokens).quantile(schedule.name, bin_index)
 
 
-__all__ = ["AcceptanceMetrics", "ACCEPTANCE_BUCKETS", "DEFAULT_MIN_TOKENS"]
+__all__ = ["AcceptanceMetrics", "ACCEPTANCE_BUCKETS", "DEFAULT_MIN_TOKENS", "P5_CONFIDENCE"]

@@ -66,6 +66,7 @@ class VerificationResult:
     schedule: str
     scores: AcceptanceScores
     elapsed_s: float
+    kept: KeptPositions | None = None  # the exact subsample's positions (None: none, or every position)
 
     @property
     def p5(self) -> float:
@@ -81,6 +82,8 @@ class VerificationResult:
                "verified_tokens": self.scores.n_tokens}
         if self.scores.has_exact_subsample:  # the per-token bound stays reported, as what it is
             out.update(acceptance_lower_bound_p5=self.scores.bound_p5, exact_missing_tokens=len(self.scores.exact.missing))
+            if self.kept is not None:  # the evidence itself: which positions, and their exact values
+                out["exact_subsample"] = {**self.kept.to_dict(), **self.scores.exact.to_dict()}
         return out
 
 
@@ -162,7 +165,7 @@ class DenseVerifier:
         scores = score_rollout(self.scorer, job.prompt_ids, job.completion_ids, job.schedule, job.temperature,
                                job.adapter, job.sparse_topk, job.sparse_logits, job.rid, job.exact_keep)
         self._check_weights(job)
-        result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start)
+        result = VerificationResult(job.rid, job.schedule.name, scores, time.monotonic() - start, job.exact_keep)
         if self.metrics is not None:
             # Only evidence of this verifier's kind enters the windows: a rollout whose exact values are
             # missing does not mix its lower bound into exact windows (it is counted instead).

@@ -18,7 +18,8 @@ _EXPORTS = {
                                              "kept_acceptance"),
     "sparrow_server.stats.rolling": ("RollingQuantile", "RollingTailMonitor"),
     "sparrow_server.stats.tail": ("BinQuantile", "QuantileBracket", "binned_quantile_brackets", "binned_quantiles",
-                                  "bootstrap_quantile_ci", "length_bins", "subsample_bounds_quantile"),
+                                  "bootstrap_quantile_ci", "length_bins", "quantile_interval",
+                                  "quantile_order_interval", "subsample_bounds_quantile"),
 }
 __all__ = [name for names in _EXPORTS.values() for name in names]
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and the layering test
     from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
     from sparrow_server.stats.tail import (
         BinQuantile, QuantileBracket, binned_quantile_brackets, binned_quantiles, bootstrap_quantile_ci, length_bins,
-        subsample_bounds_quantile,
+        quantile_interval, quantile_order_interval, subsample_bounds_quantile,
     )
 
 

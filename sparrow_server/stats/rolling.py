@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparrow_server.sparsity.schedule import DEFAULT_BIN_TOKENS
-from sparrow_server.stats.tail import DEFAULT_QUANTILE, length_bins
+from sparrow_server.stats.tail import DEFAULT_CONFIDENCE, DEFAULT_QUANTILE, length_bins, quantile_interval
 
 DEFAULT_WINDOW = 20_000  # tokens kept per (schedule, bin): p5 then rests on ~1,000 tail tokens
 DEFAULT_MAX_BINS = 20
@@ -63,6 +63,12 @@ class RollingQuantile:
             return float("nan")
         return float(np.quantile(self._buf[: self._size], self.q if q is None else q))
 
+    def interval(self, confidence: float = DEFAULT_CONFIDENCE,
+                 support: tuple[float, float] = (-np.inf, np.inf)) -> tuple[float, float]:
+        """Distribution-free ``confidence`` interval of the window's quantile (``tail.quantile_interval``:
+        the window's values as a uniform sample); (NaN, NaN) when empty."""
+        return quantile_interval(self._buf[: self._size], self.q, confidence, support)
+
 
 @dataclass(frozen=True)
 class RollingBinStat:
@@ -108,6 +114,13 @@ class RollingTailMonitor:
         with self._lock:
             window = self._windows.get((schedule, bin_index))
             return window.quantile() if window is not None else float("nan")
+
+    def interval(self, schedule: str, bin_index: int, confidence: float = DEFAULT_CONFIDENCE,
+                 support: tuple[float, float] = (-np.inf, np.inf)) -> tuple[float, float]:
+        """``RollingQuantile.interval`` of one (schedule, bin); (NaN, NaN) when no tokens yet."""
+        with self._lock:
+            window = self._windows.get((schedule, bin_index))
+            return window.interval(confidence, support) if window is not None else (float("nan"), float("nan"))
 
     def snapshot(self) -> list[RollingBinStat]:
         """Every (schedule, bin) seen so far, sorted."""

@@ -197,7 +197,67 @@ def _check_quantile(q: float) -> None:
         raise ValueError(f"q = {q!r}: must be in [0, 1]")
 
 
+def quantile_order_interval(n: int, q: float = DEFAULT_QUANTILE,
+                            confidence: float = DEFAULT_CONFIDENCE) -> tuple[int, int]:
+    """0-based order-statistic indices ``(lo, hi)`` of a distribution-free interval for the ``q``-quantile.
+
+    For ``n`` values drawn uniformly and independently, the count below the true quantile is
+    Binomial(n, q); ``[x_(lo), x_(hi)]`` of the sorted sample covers the quantile with probability at
+    least ``confidence``, each side missing with probability at most ``(1 - confidence) / 2`` (exact
+    binomial tails, no normal approximation). ``lo = -1`` when ``n`` is too small for a lower end (no
+    lower bound), ``hi = n`` when it is too small for an upper end. Pure numpy; O(n).
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n = {n!r}: must be an integer >= 0")
+    _check_quantile(q)
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence = {confidence!r}: must be in (0, 1)")
+    n = int(n)
+    if n == 0:
+        return -1, 0
+    if q in (0.0, 1.0):
+        return (-1, 0) if q == 0.0 else (n - 1, n)
+    k = np.arange(1, n + 1, dtype=np.float64)
+    # log Binomial(n, q) pmf at 0..n by its ratio recurrence: pmf(k) / pmf(k - 1) = (n - k + 1) / k * q / (1 - q)
+    log_pmf = np.concatenate([[n * np.log1p(-q)],
+                              n * np.log1p(-q) + np.cumsum(np.log((n - k + 1) / k) + np.log(q) - np.log1p(-q))])
+    pmf = np.exp(log_pmf - log_pmf.max())
+    pmf /= pmf.sum()
+    below = np.cumsum(pmf)  # below[j] = P(B <= j)
+    above = np.cumsum(pmf[::-1])[::-1]  # above[j] = P(B >= j)
+    tail = (1.0 - confidence) / 2.0
+    # x_(j) (1-based) is at or below the quantile iff B >= j: the lower end misses when B < l, i.e. P(B <= l - 1)
+    ok_low = np.flatnonzero(below <= tail)  # l - 1 candidates
+    lo = int(ok_low[-1]) if ok_low.size else -1  # 0-based index of x_(l) = l - 1
+    # x_(u) is above the quantile iff B < u: the upper end misses when B >= u
+    ok_high = np.flatnonzero(above <= tail)  # u candidates (1-based), u in 1..n
+    hi = int(ok_high[0]) - 1 if ok_high.size and ok_high[0] >= 1 else n
+    return lo, hi
+
+
+def quantile_interval(values: np.ndarray, q: float = DEFAULT_QUANTILE, confidence: float = DEFAULT_CONFIDENCE,
+                      support: tuple[float, float] = (-np.inf, np.inf)) -> tuple[float, float]:
+    """Distribution-free ``confidence`` interval of the ``q``-quantile from a uniform sample: values [N].
+
+    The order statistics of ``quantile_order_interval``; an end the sample is too small for is the
+    matching end of ``support`` (e.g. ``(0, 1)`` for acceptance). Valid for independent draws (or a
+    stratified subsample, e.g. ``stats.exact_subsample``'s jittered positions, about a fixed set of
+    tokens); tokens of one rollout are correlated, so about the model's tail it is too narrow when few
+    rollouts supply the values (``cluster_bootstrap`` resamples rollouts). (NaN, NaN) when empty.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    if values.size == 0:
+        return float("nan"), float("nan")
+    lo, hi = quantile_order_interval(values.size, q, confidence)
+    picks = [i for i in (lo, hi) if 0 <= i < values.size]
+    part = np.partition(values, picks) if picks else values
+    low = float(part[lo]) if lo >= 0 else float(support[0])
+    high = float(part[hi]) if hi < values.size else float(support[1])
+    return low, high
+
+
 __all__ = [
     "BinQuantile", "QuantileBracket", "length_bins", "bootstrap_quantile_ci", "binned_quantiles",
-    "binned_quantile_brackets", "subsample_bounds_quantile", "DEFAULT_QUANTILE",
+    "binned_quantile_brackets", "subsample_bounds_quantile", "quantile_order_interval", "quantile_interval",
+    "DEFAULT_QUANTILE",
 ]

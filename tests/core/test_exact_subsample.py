@@ -55,6 +55,64 @@ def test_the_chooser_is_uniform_over_offsets_so_every_position_is_kept_with_prob
     assert np.abs(hits / 4000 - 1 / s).max() < 0.03
 
 
+def test_jittered_positions_keep_one_per_block_and_agree_between_is_kept_and_positions():
+    kept = KeptPositions(offset=3, stride=16, seed=12345)
+    pos = kept.positions(1000)
+    assert pos.tolist() == [g for g in range(1000) if kept.is_kept(g)]  # the vectorised hash = the scalar one
+    per_block = np.bincount(pos // 16, minlength=63)
+    assert (per_block[:62] == 1).all() and per_block[62] <= 1  # 62 whole blocks; the partial one (992..999)
+    assert len(set((pos % 16).tolist())) > 8  # the place moves from block to block
+    assert not kept.is_kept(-1) and kept.positions(0).tolist() == []
+    assert kept.positions(40).tolist() == [p for p in pos.tolist() if p < 40]
+    huge = KeptPositions(0, 7, seed=(1 << 64) - 1)  # the top of the seed range wraps like the scalar code
+    assert huge.positions(700).tolist() == [g for g in range(700) if huge.is_kept(g)]
+
+
+def test_jittered_places_are_uniform_and_independent_between_blocks():
+    """Over seeds, each block's place is uniform on [0, s) and the places of two neighbouring blocks are
+    independent (the fixed pattern has them equal): a position is kept with probability 1/s, and a pair of
+    positions s apart with probability 1/s^2 (not 1/s)."""
+    s, n_seeds = 4, 4000
+    rng = random.Random(1)
+    places = np.array([[k.block_offset(b) for b in range(3)]
+                       for k in (choose_kept_positions(s, rng) for _ in range(n_seeds))])
+    for b in range(3):
+        counts = np.bincount(places[:, b], minlength=s)
+        assert ((counts - n_seeds / s) ** 2 / (n_seeds / s)).sum() < 16.3  # chi-square, 3 dof, 99.9%
+    same = (places[:, 0] == places[:, 1]).mean()
+    assert abs(same - 1 / s) < 0.03  # fixed offsets would give 1.0
+    fixed = KeptPositions(2, s)
+    assert [fixed.block_offset(b) for b in range(3)] == [2, 2, 2]
+
+
+def test_the_chooser_jitters_and_its_seed_travels_on_the_wire():
+    kept = choose_kept_positions(16, random.Random(3))
+    assert kept.jittered and 0 <= kept.seed < (1 << 53)
+    back = exact_wire.decode_keep(exact_wire.encode_keep(kept))
+    assert back == kept and back.positions(500).tolist() == kept.positions(500).tolist()
+    verify = exact_wire.ExactVerify("r", prompt_len=5, n_generated=500, kept=kept)
+    assert exact_wire.decode_verify(exact_wire.encode_verify(verify)).kept == kept
+    assert KeptPositions.from_dict({"offset": 1, "stride": 4}) == KeptPositions(1, 4)  # no seed: the fixed pattern
+
+
+def test_a_periodic_rollout_aliases_with_the_fixed_pattern_but_not_with_jitter():
+    """A two-token loop: acceptance 0.6 at even positions, 1.0 at odd ones (the pattern of a looping 8K
+    rollout of the GPU study). Every fixed stride-16 pattern sees one phase only; a jittered one sees both."""
+    values = np.where(np.arange(4096) % 2 == 0, 0.6, 1.0)
+    truth = np.quantile(values, 0.05)
+    fixed = [np.quantile(values[KeptPositions(o, 16).positions(4096)], 0.05) for o in range(16)]
+    assert {round(v, 6) for v in fixed} == {0.6, 1.0} and truth == pytest.approx(0.6)
+    rng = random.Random(0)
+    jittered = [np.quantile(values[choose_kept_positions(16, rng).positions(4096)], 0.05) for _ in range(50)]
+    assert max(abs(v - truth) for v in jittered) < 1e-9
+
+
+@pytest.mark.parametrize("seed", [-1, 1 << 64, 1.5, "7", True])
+def test_a_bad_seed_is_refused_naming_the_field(seed):
+    with pytest.raises(ValueError, match="seed"):
+        KeptPositions(0, 16, seed=seed)
+
+
 @pytest.mark.parametrize("stride", [0, -1, 1.5, True, "16", None])
 def test_a_bad_stride_is_refused_naming_the_field(stride):
     with pytest.raises(ValueError, match="stride"):

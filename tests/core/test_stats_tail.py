@@ -8,7 +8,9 @@ from sparrow_server.stats.beta import (
     beta_cdf, digamma, fit_beta_mle, fit_beta_moments, fit_beta_tail, ks_statistic, trigamma,
 )
 from sparrow_server.stats.rolling import RollingQuantile, RollingTailMonitor
-from sparrow_server.stats.tail import binned_quantiles, bootstrap_quantile_ci, length_bins
+from sparrow_server.stats.tail import (
+    binned_quantiles, bootstrap_quantile_ci, length_bins, quantile_interval, quantile_order_interval,
+)
 
 
 def _tokens(n=6000, seed=0):
@@ -166,3 +168,66 @@ def test_rolling_monitor_bins_and_schedules():
     assert [s.schedule for s in mon.snapshot()] == ["s2"]
     with pytest.raises(ValueError, match="positions"):
         mon.add("s1", [0.1, 0.2], [5])
+
+
+# --- distribution-free interval of a quantile (what the live monitor reports beside p5) -------------------
+@pytest.mark.parametrize("n", [1, 10, 59, 60, 100, 200, 513, 2048, 20000])
+@pytest.mark.parametrize("q, confidence", [(0.05, 0.95), (0.05, 0.9), (0.5, 0.95), (0.01, 0.99)])
+def test_order_interval_is_the_tightest_with_binomial_tails_within_alpha(n, q, confidence):
+    from scipy.stats import binom
+
+    lo, hi = quantile_order_interval(n, q, confidence)
+    tail = (1 - confidence) / 2
+    assert -1 <= lo < hi <= n
+    # the lower end x_(lo+1) (1-based) misses when B <= lo; the upper end x_(hi+1) when B >= hi + 1
+    if lo >= 0:
+        assert binom.cdf(lo, n, q) <= tail + 1e-12 and binom.cdf(lo + 1, n, q) > tail - 1e-12
+    else:
+        assert binom.cdf(0, n, q) > tail - 1e-12
+    if hi < n:
+        assert binom.sf(hi, n, q) <= tail + 1e-12 and binom.sf(hi - 1, n, q) > tail - 1e-12
+    else:
+        assert binom.sf(n - 1, n, q) > tail - 1e-12
+
+
+def test_interval_covers_the_population_quantile_at_least_at_the_confidence():
+    rng = np.random.default_rng(0)
+    population = rng.beta(8, 1, size=200_000)  # acceptance-like: mass near 1, a long left tail
+    truth = np.quantile(population, 0.05)
+    for n in (60, 300, 2000):
+        hits = 0
+        for _ in range(400):
+            low, high = quantile_interval(rng.choice(population, n), 0.05, 0.95, support=(0.0, 1.0))
+            hits += low <= truth <= high
+        assert hits / 400 >= 0.92, (n, hits)
+
+
+def test_interval_ends_support_and_errors():
+    values = np.linspace(0, 1, 11)
+    assert quantile_interval(values, 0.05, 0.95, support=(0.0, 1.0))[0] == 0.0  # n = 11: no lower end
+    low, high = quantile_interval(np.arange(1000) / 999, 0.05)
+    assert low == pytest.approx(36 / 999) and high == pytest.approx(64 / 999)
+    assert low <= np.quantile(np.arange(1000) / 999, 0.05) <= high
+    assert all(np.isnan(quantile_interval(np.array([]))))
+    assert quantile_order_interval(0) == (-1, 0)
+    for bad in (dict(n=-1), dict(n=2.5), dict(n=True)):
+        with pytest.raises(ValueError, match="n = "):
+            quantile_order_interval(**bad)
+    with pytest.raises(ValueError, match="confidence"):
+        quantile_order_interval(10, 0.05, 1.0)
+    with pytest.raises(ValueError):
+        quantile_order_interval(10, 1.5)
+
+
+def test_rolling_interval_is_the_window_interval():
+    window = RollingQuantile(capacity=500)
+    assert all(np.isnan(window.interval()))
+    rng = np.random.default_rng(3)
+    values = rng.random(800)
+    window.add(values)
+    assert window.interval() == quantile_interval(values[-500:], 0.05)
+    monitor = RollingTailMonitor(capacity=500, bin_tokens=100, n_bins=4)
+    monitor.add("s", values, np.arange(800) % 400)
+    in_bin = values[(np.arange(800) % 400) // 100 == 2]
+    assert monitor.interval("s", 2, support=(0.0, 1.0)) == quantile_interval(in_bin, 0.05, support=(0.0, 1.0))
+    assert all(np.isnan(monitor.interval("other", 0)))

@@ -179,6 +179,12 @@ def test_metrics_histogram_p5_and_violation_crossings():
     assert _sample(registry, "sparrow_acceptance_bucket", schedule="s1", length_bin="0", le="0.95") == np.sum(good[:100] <= 0.95)
     assert _sample(registry, "sparrow_acceptance_p5", schedule="s1", length_bin="0") == pytest.approx(np.quantile(good[:100], 0.05))
     assert _sample(registry, "sparrow_acceptance_p5", schedule="s1", length_bin="1") is None  # < min_tokens
+    # the interval beside it: the window's order statistics (n = 100: x_(1) .. x_(11)), published with it
+    ordered = np.sort(good[:100])
+    assert _sample(registry, "sparrow_acceptance_p5_low", schedule="s1", length_bin="0") == ordered[0]
+    assert _sample(registry, "sparrow_acceptance_p5_high", schedule="s1", length_bin="0") == ordered[10]
+    assert metrics.rolling_p5_interval(schedule, 0) == (ordered[0], ordered[10])
+    assert _sample(registry, "sparrow_acceptance_p5_low", schedule="s1", length_bin="1") is None
     assert _sample(registry, "sparrow_acceptance_threshold", schedule="s1") == 0.86
     assert _sample(registry, "sparrow_verified_tokens_total", schedule="s1") == 120
     assert _sample(registry, "sparrow_verified_requests_total", schedule="s1") == 1
@@ -192,7 +198,8 @@ def test_metrics_histogram_p5_and_violation_crossings():
     metrics.observe(schedule, good[:10], np.full(10, 10_000))
     assert _sample(registry, "sparrow_acceptance_count", schedule="s1", length_bin="19") == 10
     text = generate_latest(registry).decode()
-    for name in ("sparrow_acceptance_bucket", "sparrow_acceptance_p5", "sparrow_acceptance_threshold",
+    for name in ("sparrow_acceptance_bucket", "sparrow_acceptance_p5", "sparrow_acceptance_p5_low",
+                 "sparrow_acceptance_p5_high", "sparrow_acceptance_threshold",
                  "sparrow_tail_violations_total", "sparrow_verified_tokens_total", "sparrow_verified_requests_total"):
         assert name in text
 

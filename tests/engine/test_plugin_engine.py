@@ -26,6 +26,7 @@ from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import parse_schedule_text, schedule_from_dict
 from sparrow_server.stats import exact_wire
+from sparrow_server.stats.exact_subsample import KeptPositions
 
 SPARSE = "qwen3-1.7b-0.86"
 
@@ -329,7 +330,13 @@ def test_verified_rollout_on_sglang_reads_exact_values_at_kept_positions_and_kee
         assert meta["acceptance_lower_bound_p5"] <= meta["acceptance_p5"] + 1e-9  # a bound, below the exact
         sparse_call = next(c for c in rt.calls if c.get("stream"))
         kept = sparse_call["sampling_params"]["custom_params"][exact_wire.KEEP_PARAM]
-        assert kept["stride"] == 2 and kept["offset"] in (0, 1)
+        assert kept["stride"] == 2 and kept["offset"] in (0, 1) and isinstance(kept["seed"], int)  # jittered
+        # the evidence comes back with the response: the kept positions (as sent) and their exact values
+        sub = meta["exact_subsample"]
+        assert {k: sub[k] for k in ("offset", "stride", "seed")} == kept
+        assert sub["positions"] == KeptPositions.from_dict(kept).positions(12).tolist() and sub["missing"] == []
+        assert len(sub["acceptance"]) == 6
+        assert float(np.quantile(sub["acceptance"], 0.05)) == pytest.approx(meta["acceptance_p5"])
         verify_call = next(c for c in rt.calls if not c.get("stream"))
         assert verify_call["sampling_params"]["max_new_tokens"] == 1  # customized_info needs one output token
         assert verify_call["sampling_params"]["custom_params"][exact_wire.VERIFY_PARAM]["rid"] == sparse_call["rid"]
@@ -338,6 +345,7 @@ def test_verified_rollout_on_sglang_reads_exact_values_at_kept_positions_and_kee
         rt.exact_payload = False  # the hooks did not run: the bound, not mixed into exact windows
         meta = client.post("/rollout", json=body).json()["meta"]
         assert meta["acceptance_kind"] == "topk_lower_bound" and meta["verified_tokens"] == 12
+        assert "exact_subsample" not in meta
         text = client.get("/metrics").text
         assert 'sparrow_verified_tokens_total{schedule="dense"} 6.0' in text
         assert 'sparrow_verified_unscored_tokens_total{schedule="dense"} 12.0' in text

@@ -1,0 +1,594 @@
+"""Live tail check (issue 25, item 1): the per-bin p5 the production engine's live monitor reports, against the
+float32 oracle's exact p5 of every position of the same rollouts, in one device call.
+
+1. ``sparrow-server serve --engine sglang`` on the converted SmolLM2 (``smollm2.py``'s settings, CUDA graphs up
+   to ``--cuda-graph-max-bs``), with the verifier's exact subsample at ``--stride`` (``SPARROW_EXACT_STRIDE``) and
+   room for the kept rows (``SPARROW_EXACT_MAX_MIB``); ``--verify-fraction 0`` (only the requests below verify).
+2. Two fixed-budget schedules with ``--bin-tokens`` bins are registered: ``livetail-fixed-<budget>`` (the check)
+   and ``livetail-fixed-<total>`` (the floor: a budget no rollout outgrows, so no page is ever dropped and its
+   live values show only how the bf16 decode row differs from the verify prefill's row).
+3. ``--rollouts`` + ``--floor-rollouts`` ``/rollout`` requests at once, each seeded: temperature 1, ``ignore_eos``,
+   ``--total-tokens`` tokens, ``verify: true`` (the response waits for the dense pass; its ``meta`` carries the
+   kept positions and their exact values, ``exact_subsample``).
+4. ``/metrics``: ``sparrow_acceptance_p5`` per bin (the live estimate) and its interval. The server stops.
+5. The oracle (``cross_engine.oracle_rollout``: the reference teacher-forced sparse forward and the dense forward,
+   float32 on ``--device``) on the same tokens: exact acceptance of every position. It runs in a thread from the
+   first answer on, beside the server's remaining verify prefills, check arm first, and takes no new rollout
+   ``--oracle-reserve-s`` before the deadline.
+6. Per bin: live p5, oracle p5 over every position, the difference and whether it is within ``--tolerance``; its
+   split into live - oracle at the kept positions (the engine's rounding) and oracle at the kept positions -
+   oracle over all (sampling); whether the live interval covers the oracle p5; per token, server vs oracle at
+   the kept positions. Verdict (check arm): ``pass`` (every judged bin within), ``fail``, or ``insufficient``
+   (a rollout not verified or not scored, a bin with enough kept tokens unpublished, no bin judged). Bins
+   with fewer kept tokens than the monitor publishes at (``DEFAULT_MIN_TOKENS``) are listed, not judged.
+
+On an engine that verifies every position exactly (the reference engine: the CPU dry run) there is no
+subsample: the kept positions are all positions and the split is all rounding.
+
+Writes into WORK: ``live_tail.json``, ``live_tail.md``, ``live_tail_tokens.npz``, ``rollouts.jsonl``,
+``metrics.txt``, ``server.log``; ``--pack OUT`` copies what a device call brings back (4 files: the pair, the
+tokens and ``live_tail_logs.tar.xz``).
+
+    python benchmarks/gpu_host/live_tail.py WORK --pack OUT [--model-dir DIR] [--deadline-s 500]
+    # CPU dry run: --engine reference --device cpu --total-tokens 160 --budget 64 --bin-tokens 64 --rollouts 8 ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import shutil
+import sys
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path[:0] = [str(ROOT), str(HERE)]
+
+MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
+PROMPTS = ROOT / "benchmarks" / "fidelity" / "prompts.jsonl"
+PAGE = 16
+MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
+ENGINES = ("sglang", "reference")
+CHECK, FLOOR = "check", "floor"
+MAX_MISSING_SHARE = 0.01  # kept positions without a value (re-prefilled, row store full) the check tolerates
+PACKED = ("live_tail.json", "live_tail.md", "live_tail_tokens.npz")
+IN_TAR = ("*.log", "rollouts.jsonl", "metrics.txt")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: Path
+    model_dir: Path
+    engine: str = "sglang"
+    device: str = "cuda"
+    budget: int = 512
+    bin_tokens: int = 512
+    total_tokens: int = 8160
+    rollouts: int = 56
+    floor_rollouts: int = 8
+    stride: int = 4
+    exact_max_mib: int = 16384
+    cuda_graph_max_bs: int = 64
+    tolerance: float = 0.02
+    seed: int = 0
+    deadline_s: float = 500.0
+    oracle_reserve_s: float = 20.0
+    server_timeout_s: float = 240.0
+    port: int = 31800
+    threads: int = 0
+    pack: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine = {self.engine!r}: must be one of {list(ENGINES)}")
+        if self.budget % PAGE or self.budget < MIN_BUDGET:
+            raise ValueError(f"budget = {self.budget}: whole {PAGE}-token pages, at least {MIN_BUDGET} (sink + 2 recent + 1)")
+        if self.total_tokens <= self.budget + PAGE:
+            raise ValueError(f"total_tokens = {self.total_tokens}: must exceed budget + one page, or nothing is dropped")
+        for name in ("bin_tokens", "rollouts", "stride", "cuda_graph_max_bs", "exact_max_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)}: must be >= 1")
+        if self.floor_rollouts < 0:
+            raise ValueError(f"floor_rollouts = {self.floor_rollouts}: must be >= 0")
+        if not 0 < self.tolerance < 1:
+            raise ValueError(f"tolerance = {self.tolerance}: must be in (0, 1)")
+        if not self.deadline_s > self.oracle_reserve_s > 0:
+            raise ValueError(f"oracle_reserve_s = {self.oracle_reserve_s}, deadline_s = {self.deadline_s}: need "
+                             "deadline_s > oracle_reserve_s > 0")
+
+    @property
+    def concurrency(self) -> int:
+        return self.rollouts + self.floor_rollouts
+
+    @property
+    def floor_budget(self) -> int:
+        """A budget no rollout outgrows (whole pages): nothing dropped."""
+        return -(-self.total_tokens // PAGE) * PAGE
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+def log(clock: Clock, msg: str) -> None:
+    print(f"[live_tail +{clock.elapsed():.0f}s] {msg}", flush=True)
+
+
+def schedules(config: RunConfig) -> dict[str, Any]:
+    """{arm: Schedule}: fixed budgets (page 16, 1 sink + 2 recent, layers 0-1 dense) with ``bin_tokens`` bins."""
+    from sparrow_server.sparsity.schedule import schedule_from_dict
+
+    def fixed(budget: int, what: str) -> Any:
+        return schedule_from_dict({"name": f"livetail-fixed-{budget}", "budgets_tokens": [budget],
+                                   "bin_tokens": config.bin_tokens, "description": f"issue 25 live-tail check: {what}"})
+    out = {CHECK: fixed(config.budget, "the checked fixed budget")}
+    if config.floor_rollouts:
+        out[FLOOR] = fixed(config.floor_budget, "no page dropped (the rounding floor)")
+    return out
+
+
+def prompt_ids(config: RunConfig) -> list[tuple[str, list[int]]]:
+    """(id, chat-templated ids) of the fidelity prompts, with the converted model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from sparrow_server.engine.chat_template import chat_template_ids, user_turn
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip()]
+    return [(r["id"], [int(t) for t in chat_template_ids(tokenizer, user_turn(r["prompt"]))]) for r in rows]
+
+
+def requests(config: RunConfig, prompts: list[tuple[str, list[int]]], names: dict[str, str]) -> list[dict[str, Any]]:
+    """The rollouts to run: the check arm's over the prompts in order, the floor arm's from the other end."""
+    out = []
+    for arm, n in ((CHECK, config.rollouts), (FLOOR, config.floor_rollouts)):
+        for i in range(n):
+            pid, ids = prompts[i % len(prompts)] if arm == CHECK else prompts[-1 - i % len(prompts)]
+            if config.total_tokens - len(ids) < 2:
+                raise ValueError(f"total_tokens = {config.total_tokens}: prompt {pid} has {len(ids)} tokens")
+            out.append({"arm": arm, "prompt_id": pid, "prompt_ids": ids, "schedule": names[arm],
+                        "seed": config.seed + len(out)})
+    return out
+
+
+def server_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
+    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", config.engine, "--model", str(config.model_dir),
+           "--host", "127.0.0.1", "--port", str(config.port), "--state-dir", str(config.out / "server-state"),
+           "--verify-fraction", "0", "--max-batch-size", str(config.concurrency)]
+    env = {"SPARROW_EXACT_STRIDE": str(config.stride), "SPARROW_EXACT_MAX_MIB": str(config.exact_max_mib)}
+    if config.engine == "reference":  # the CPU dry run: exact at every position, no subsample
+        return cmd + ["--device", config.device, "--threads", "1",
+                      "--kv-pool-tokens", str(config.total_tokens * config.concurrency)], env
+    import smollm2
+
+    args = list(smollm2.SERVER_ARGS)
+    args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
+    return cmd + ["--", *args], env
+
+
+def run_rollouts(config: RunConfig, clock: Clock, url: str, todo: list[dict[str, Any]], timeout_s: float,
+                 on_done: Any = None) -> tuple[list[dict], str]:
+    """Every request at once; each answer (or its error) in a record, handed to ``on_done(index, record)`` as it
+    comes back. Returns the records in request order and the server's /metrics text after the last one."""
+    import httpx
+
+    from sparrow_server.client import SparrowClient
+    from sparrow_server.client.common import RetryPolicy
+
+    limits = httpx.Limits(max_connections=config.concurrency + 8, max_keepalive_connections=config.concurrency + 8)
+    http = httpx.Client(base_url=url, timeout=timeout_s, limits=limits)
+
+    def one(req: dict[str, Any]) -> dict[str, Any]:
+        rec = {k: req[k] for k in ("arm", "prompt_id", "prompt_ids", "schedule", "seed")}
+        t0 = time.monotonic()
+        try:
+            res = client.rollout(input_ids=req["prompt_ids"], schedule=req["schedule"], verify=True, sampling_params={
+                "max_new_tokens": config.total_tokens - len(req["prompt_ids"]), "temperature": 1.0, "ignore_eos": True,
+                "seed": req["seed"]})
+            rec.update(rid=res.rid, completion_ids=list(res.token_ids), meta=res.meta.raw)
+        except Exception as exc:  # recorded: the verdict is then insufficient
+            rec.update(error=f"{type(exc).__name__}: {exc}")
+        rec["seconds"] = round(time.monotonic() - t0, 1)
+        return rec
+
+    with SparrowClient(url, http=http, retry=RetryPolicy(retries=0)) as client:
+        for arm, sched in schedules(config).items():
+            client.put_schedule(sched.name, sched.to_dict())
+        with ThreadPoolExecutor(max_workers=config.concurrency) as pool:
+            futures = {pool.submit(one, req): i for i, req in enumerate(todo)}
+            out: list[dict] = [{} for _ in todo]
+            for future in as_completed(futures):
+                i = futures[future]
+                out[i] = future.result()
+                if on_done is not None:
+                    on_done(i, out[i])
+        metrics = client.metrics()
+    log(clock, f"{sum('error' not in r for r in out)} of {len(out)} rollouts back, verified")
+    return out, metrics
+
+
+class OracleWorker(threading.Thread):
+    """Scores verified rollouts with the float32 oracle as they come back (``put``), check arm first, while the
+    server still verifies the others; stops taking new ones ``oracle_reserve_s`` before the deadline. The model
+    loads when the thread starts (after the server is up: SGLang sizes its pools from the free memory at start).
+    ``values``: rollout index -> [N] exact acceptance of every generated position."""
+
+    _END = (9, 1 << 62, None)
+
+    def __init__(self, config: RunConfig, clock: Clock, names: dict[str, Any]):
+        super().__init__(name="live-tail-oracle", daemon=True)
+        self.config, self.clock, self.names = config, clock, names
+        self.queue: queue.PriorityQueue = queue.PriorityQueue()
+        self.values: dict[int, list[float]] = {}
+        self.skipped = 0
+        self.error: str | None = None  # the model did not load: nothing is scored
+        self.errors: dict[int, str] = {}  # rollout index -> why the oracle failed on it
+        self.first_s = self.last_s = None
+
+    def put(self, index: int, record: dict[str, Any]) -> None:
+        if "error" not in record:
+            self.queue.put((0 if record["arm"] == CHECK else 1, index, record))
+
+    def finish(self) -> None:
+        """No more rollouts: score what is queued (or stop at the reserve), then return."""
+        self.queue.put(self._END)
+        self.join()
+
+    def run(self) -> None:
+        try:
+            import torch
+
+            from cross_engine import oracle_rollout
+            from sparrow_server.models import load_model
+            from sparrow_server.monitor.scoring import HFScorer
+
+            if self.config.threads:
+                torch.set_num_threads(self.config.threads)
+            model = load_model(self.config.model_dir, device=self.config.device, dtype=torch.float32).model
+            scorer = HFScorer(model)
+        except Exception as exc:  # every rollout then stays unscored: the verdict says so
+            self.error = f"{type(exc).__name__}: {exc}"
+            log(self.clock, f"oracle failed to load: {self.error}")
+            while self.queue.get() is not self._END:
+                pass
+            return
+        while True:
+            item = self.queue.get()
+            if item is self._END:
+                break
+            _, index, rec = item
+            if self.clock.elapsed() > self.config.deadline_s - self.config.oracle_reserve_s:
+                self.skipped += 1
+                continue
+            self.first_s = self.first_s if self.first_s is not None else self.clock.elapsed()
+            try:
+                exact, _ = oracle_rollout(model, rec["prompt_ids"], rec["completion_ids"], self.names[rec["arm"]], scorer)
+            except Exception as exc:  # this rollout stays unscored (the verdict says so); the others go on
+                self.errors[index] = f"{type(exc).__name__}: {exc}"
+                log(self.clock, f"oracle failed on rollout {index}: {self.errors[index]}")
+                continue
+            self.values[index] = exact.tolist()
+            self.last_s = self.clock.elapsed()
+            if len(self.values) % 8 == 0:
+                log(self.clock, f"oracle: {len(self.values)} rollouts scored")
+        log(self.clock, f"oracle: {len(self.values)} rollouts scored" +
+            (f", {self.skipped} not (the reserve before the deadline)" if self.skipped else ""))
+
+
+def live_series(metrics_text: str) -> dict[str, dict[int, dict[str, float]]]:
+    """{schedule: {bin: {"p5", "low", "high"}}} from the server's /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {"sparrow_acceptance_p5": "p5", "sparrow_acceptance_p5_low": "low", "sparrow_acceptance_p5_high": "high"}
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in names:
+                cell = out.setdefault(sample.labels["schedule"], {}).setdefault(int(sample.labels["length_bin"]), {})
+                cell[names[sample.name]] = float(sample.value)
+    return out
+
+
+def kept_of(record: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(kept positions [K], server values [K] or None, missing kept positions) of one verified rollout. Without a
+    subsample in ``meta`` (an engine verifying every position) the kept positions are all positions."""
+    import numpy as np
+
+    sub = (record.get("meta") or {}).get("exact_subsample")
+    n = len(record["completion_ids"])
+    if sub is None:
+        return np.arange(n), None, np.zeros(0, dtype=np.int64)
+    return (np.asarray(sub["positions"], dtype=np.int64), np.asarray(sub["acceptance"], dtype=np.float64),
+            np.asarray(sub.get("missing", []), dtype=np.int64))
+
+
+def _quantile(values: Any) -> float | None:
+    import numpy as np
+
+    return float(np.quantile(values, 0.05)) if len(values) else None
+
+
+def analyse(records: Sequence[dict[str, Any]], live: dict[str, dict[int, dict[str, float]]], bin_tokens: int,
+            tolerance: float, min_tokens: int | None = None) -> dict[str, Any]:
+    """Per arm, per bin: the live p5 (``live``, from /metrics) against the oracle (``record["oracle"]``: [N] exact
+    acceptance of every generated position, absent when not scored). Pure; see the module docstring."""
+    import numpy as np
+
+    from sparrow_server.monitor.metrics import DEFAULT_MIN_TOKENS
+    from sparrow_server.stats.rolling import DEFAULT_MAX_BINS
+    from sparrow_server.stats.tail import length_bins
+
+    min_tokens = DEFAULT_MIN_TOKENS if min_tokens is None else min_tokens
+    arms: dict[str, Any] = {}
+    for arm in dict.fromkeys(r["arm"] for r in records):
+        recs = [r for r in records if r["arm"] == arm]
+        schedule = recs[0]["schedule"]
+        ok = [r for r in recs if "error" not in r and "acceptance_error" not in (r.get("meta") or {})]
+        scored = [r for r in ok if r.get("oracle") is not None]
+        scored_ids = {id(r) for r in scored}
+        cols: dict[str, list] = {k: [] for k in ("bin", "kept_bin", "oracle", "oracle_kept", "server_kept")}
+        missing = kept_total = 0
+        live_all: dict[int, list] = {}
+        for r in ok:
+            kept, values, miss = kept_of(r)
+            missing, kept_total = missing + miss.size, kept_total + kept.size + miss.size
+            basis = len(r["prompt_ids"]) + np.arange(len(r["completion_ids"]))
+            if values is not None:
+                for b, v in zip(length_bins(basis[kept], bin_tokens, DEFAULT_MAX_BINS), values):
+                    live_all.setdefault(int(b), []).append(float(v))
+            if id(r) in scored_ids:
+                oracle = np.asarray(r["oracle"], dtype=np.float64)
+                cols["bin"].append(length_bins(basis, bin_tokens, DEFAULT_MAX_BINS))
+                cols["oracle"].append(oracle)
+                cols["kept_bin"].append(length_bins(basis[kept], bin_tokens, DEFAULT_MAX_BINS))
+                cols["oracle_kept"].append(oracle[kept])
+                cols["server_kept"].append(values if values is not None else np.full(kept.size, np.nan))
+        cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()}
+        per_token = None
+        if cat["server_kept"].size and not np.isnan(cat["server_kept"]).all():
+            d = np.abs(cat["server_kept"] - cat["oracle_kept"])
+            per_token = {"n": int(d.size), "median_abs": float(np.median(d)), "p99_abs": float(np.quantile(d, 0.99)),
+                         "max_abs": float(d.max()), "mean_signed": float(np.mean(cat["server_kept"] - cat["oracle_kept"])),
+                         "share_above_0.01": float((d > 0.01).mean())}
+        series = live.get(schedule, {})
+        bins = sorted(set(np.unique(cat["bin"]).astype(int).tolist()) | set(series))
+        rows = []
+        for b in bins:
+            in_bin, kept_in = cat["bin"] == b, cat["kept_bin"] == b
+            cell = series.get(b, {})
+            row = {"bin": b, "from": b * bin_tokens, "tokens": int(in_bin.sum()), "kept_tokens": int(kept_in.sum()),
+                   "live_p5": cell.get("p5"), "live_low": cell.get("low"), "live_high": cell.get("high"),
+                   "live_p5_from_meta": _quantile(live_all.get(b, [])),
+                   "oracle_p5": _quantile(cat["oracle"][in_bin]), "oracle_p5_kept": _quantile(cat["oracle_kept"][kept_in])}
+            server_kept = cat["server_kept"][kept_in]
+            row["server_p5_kept_scored"] = None if np.isnan(server_kept).all() else _quantile(server_kept)
+            if row["live_p5"] is not None and row["live_p5_from_meta"] is not None:  # the window = these rollouts' values
+                row["live_matches_meta"] = abs(row["live_p5"] - row["live_p5_from_meta"]) < 1e-6
+            judged = row["kept_tokens"] >= min_tokens
+            row["judged"] = judged
+            if row["live_p5"] is not None and row["oracle_p5"] is not None:
+                row["diff"] = row["live_p5"] - row["oracle_p5"]
+                row["within"] = abs(row["diff"]) <= tolerance
+                row["rounding"] = row["live_p5"] - row["oracle_p5_kept"]
+                row["sampling"] = row["oracle_p5_kept"] - row["oracle_p5"]
+                if row["live_low"] is not None and row["live_high"] is not None:
+                    row["interval_covers"] = row["live_low"] <= row["oracle_p5"] <= row["live_high"]
+            rows.append(row)
+        reasons = []
+        if len(ok) < len(recs):
+            reasons.append(f"{len(recs) - len(ok)} of {len(recs)} rollouts not verified")
+        if len(scored) < len(ok):
+            reasons.append(f"{len(ok) - len(scored)} of {len(ok)} verified rollouts not scored by the oracle")
+        notes = []
+        if missing > MAX_MISSING_SHARE * max(kept_total, 1):
+            reasons.append(f"{missing} of {kept_total} kept positions without a value")
+        elif missing:  # left out of the live window and of the oracle at the kept positions alike
+            notes.append(f"{missing} of {kept_total} kept positions without a value (left out on both sides)")
+        mismatched = [r["bin"] for r in rows if r.get("live_matches_meta") is False]
+        if mismatched:
+            notes.append(f"bins {mismatched}: the live p5 is not the p5 of the responses' kept values (other "
+                         "verified rollouts in the window?)")
+        unpublished = [r["bin"] for r in rows if r["judged"] and r["live_p5"] is None]
+        if unpublished:
+            reasons.append(f"bins {unpublished} have enough kept tokens but no live p5")
+        judged = [r for r in rows if r["judged"] and "within" in r]
+        if not judged:
+            reasons.append("no bin judged")
+        failing = [r["bin"] for r in judged if not r["within"]]
+        verdict = "insufficient" if reasons else ("fail" if failing else "pass")
+        arms[arm] = {"schedule": schedule, "rollouts": len(recs), "verified": len(ok), "scored": len(scored),
+                     "missing_kept": int(missing), "per_token": per_token, "bins": rows, "verdict": verdict,
+                     "reasons": reasons, "notes": notes, "failing_bins": failing,
+                     "max_abs_diff": max((abs(r["diff"]) for r in judged), default=None),
+                     "max_abs_rounding": max((abs(r["rounding"]) for r in judged), default=None),
+                     "max_abs_sampling": max((abs(r["sampling"]) for r in judged), default=None),
+                     "interval_coverage": (float(np.mean([r["interval_covers"] for r in judged if "interval_covers" in r]))
+                                           if any("interval_covers" in r for r in judged) else None)}
+    return arms
+
+
+def _f(x: Any, fmt: str = ".3f") -> str:
+    return "—" if x is None else (("yes" if x else "no") if isinstance(x, bool) else format(x, fmt))
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    c = summary["config"]
+    lines = [f"# Live tail check: verdict **{summary['verdict']}**", "",
+             f"{summary['device']}; engine {c['engine']}; {c['rollouts']} + {c['floor_rollouts']} rollouts of "
+             f"{c['total_tokens']} tokens; stride {c['stride']}; {c['bin_tokens']}-token bins; band ±{c['tolerance']}.", ""]
+    for arm, a in summary["arms"].items():
+        lines += [f"## {arm}: `{a['schedule']}`: {a['verdict']}" + (f" ({'; '.join(a['reasons'])})" if a["reasons"] else ""),
+                  "", f"verified {a['verified']} / {a['rollouts']}, oracle-scored {a['scored']}; max |diff| "
+                  f"{_f(a['max_abs_diff'])} = rounding up to {_f(a['max_abs_rounding'])} + sampling up to "
+                  f"{_f(a['max_abs_sampling'])}; interval coverage {_f(a['interval_coverage'], '.2f')}.", ""]
+        lines += [f"Note: {n}." for n in a["notes"]] + ([""] if a["notes"] else [])
+        if a["per_token"]:
+            t = a["per_token"]
+            lines += [f"Per kept token, server vs oracle: median |Δ| {t['median_abs']:.4f}, p99 {t['p99_abs']:.4f}, "
+                      f"max {t['max_abs']:.4f}, mean signed {t['mean_signed']:+.4f}, share > 0.01: {t['share_above_0.01']:.3f} "
+                      f"({t['n']} tokens).", ""]
+        lines += ["| bin from | tokens | kept | live p5 [interval] | oracle p5 (all) | diff | within | live − oracle kept "
+                  "(rounding) | oracle kept − all (sampling) | covered |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in a["bins"]:
+            mark = "" if r["judged"] else " (not judged)"
+            lines.append(f"| {r['from']}{mark} | {r['tokens']} | {r['kept_tokens']} | {_f(r['live_p5'])} "
+                         f"[{_f(r['live_low'])}, {_f(r['live_high'])}] | {_f(r['oracle_p5'])} | {_f(r.get('diff'), '+.3f')} | "
+                         f"{_f(r.get('within'))} | {_f(r.get('rounding'), '+.3f')} | {_f(r.get('sampling'), '+.3f')} | "
+                         f"{_f(r.get('interval_covers'))} |")
+        lines.append("")
+    lines += [f"Timings: {json.dumps(summary['timings'])}", ""]
+    return "\n".join(lines)
+
+
+def save_tokens(path: Path, records: list[dict[str, Any]]) -> None:
+    """Per token: arm, rollout, generated position, basis length, oracle value (NaN: not scored), kept, server value."""
+    import numpy as np
+
+    cols: dict[str, list] = {k: [] for k in ("arm", "rollout", "position", "basis", "oracle", "kept", "server")}
+    for i, r in enumerate(records):
+        if "error" in r:
+            continue
+        n = len(r["completion_ids"])
+        kept, values, _ = kept_of(r)
+        server = np.full(n, np.nan)
+        if values is not None:
+            server[kept] = values
+        flag = np.zeros(n, dtype=bool)
+        flag[kept] = True
+        cols["arm"].append(np.full(n, 0 if r["arm"] == CHECK else 1, dtype=np.int8))
+        cols["rollout"].append(np.full(n, i, dtype=np.int32))
+        cols["position"].append(np.arange(n, dtype=np.int32))
+        cols["basis"].append(len(r["prompt_ids"]) + np.arange(n, dtype=np.int32))
+        cols["oracle"].append(np.asarray(r["oracle"], dtype=np.float32) if r.get("oracle") is not None
+                              else np.full(n, np.nan, dtype=np.float32))
+        cols["kept"].append(flag)
+        cols["server"].append(server.astype(np.float32))
+    np.savez_compressed(path, **{k: np.concatenate(v) if v else np.zeros(0) for k, v in cols.items()})
+
+
+def device_info(config: RunConfig) -> str:
+    import torch
+
+    if not config.device.startswith("cuda") or not torch.cuda.is_available():
+        return f"device {config.device}"
+    return f"{torch.cuda.get_device_name()}"
+
+
+def run(config: RunConfig, clock: Clock) -> dict[str, Any]:
+    from grpo_gpu import Proc, wait_healthy
+
+    names = schedules(config)
+    prompts = prompt_ids(config)
+    todo = requests(config, prompts, {arm: s.name for arm, s in names.items()})
+    log(clock, f"{len(todo)} rollouts ({config.rollouts} check under {names[CHECK].name}"
+               + (f", {config.floor_rollouts} floor under {names[FLOOR].name}" if FLOOR in names else "") + ")")
+    cmd, env = server_command(config)
+    url = f"http://127.0.0.1:{config.port}"
+    server = Proc(cmd, config.out / "server.log", env)
+    oracle = OracleWorker(config, clock, names)
+    timings: dict[str, float] = {}
+    try:
+        timings["server_start_s"] = wait_healthy(server, url, config.server_timeout_s)
+        log(clock, f"server healthy after {timings['server_start_s']} s")
+        oracle.start()  # scores each rollout as it comes back, beside the server's verify prefills
+        t0 = clock.elapsed()
+        budget_s = config.deadline_s - clock.elapsed() - config.oracle_reserve_s - 30
+        records, metrics = run_rollouts(config, clock, url, todo, timeout_s=max(budget_s, 30), on_done=oracle.put)
+        timings["rollouts_and_verification_s"] = round(clock.elapsed() - t0, 1)
+    finally:
+        server.stop()
+        log(clock, "server stopped")
+    (config.out / "metrics.txt").write_text(metrics)
+    (config.out / "rollouts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    t0 = clock.elapsed()
+    oracle.finish()
+    timings["oracle_after_server_s"] = round(clock.elapsed() - t0, 1)
+    timings["oracle_first_to_last_s"] = (round(oracle.last_s - oracle.first_s, 1) if oracle.first_s is not None
+                                         and oracle.last_s is not None else None)
+    for index, values in oracle.values.items():
+        records[index]["oracle"] = values
+    arms = analyse(records, live_series(metrics), config.bin_tokens, config.tolerance)
+    for arm in arms.values():  # unscored rollouts already make an arm insufficient; say why
+        if oracle.error:
+            arm["notes"].append(f"the oracle did not load: {oracle.error}")
+        arm["notes"] += [f"the oracle failed on rollout {i}: {e}" for i, e in oracle.errors.items()
+                         if records[i]["schedule"] == arm["schedule"]]
+    save_tokens(config.out / "live_tail_tokens.npz", records)
+    timings["wall_s"] = round(clock.elapsed(), 1)
+    summary = {"verdict": arms[CHECK]["verdict"], "arms": arms, "device": device_info(config), "timings": timings,
+               "config": {f.name: (str(v) if isinstance(v := getattr(config, f.name), Path) else v) for f in fields(config)},
+               "schedules": {arm: s.to_dict() for arm, s in names.items()}}
+    (config.out / "live_tail.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (config.out / "live_tail.md").write_text(markdown(summary))
+    log(clock, f"verdict {summary['verdict']}: max |diff| {_f(arms[CHECK]['max_abs_diff'])} "
+               f"(rounding {_f(arms[CHECK]['max_abs_rounding'])}, sampling {_f(arms[CHECK]['max_abs_sampling'])})")
+    return summary
+
+
+def pack(work: Path, dest: Path) -> list[Path]:
+    """What a device call brings back (4 files; host.sh's OUT takes at most 8)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out = [Path(shutil.copy(work / name, dest / name)) for name in PACKED if (work / name).is_file()]
+    with tarfile.open(dest / "live_tail_logs.tar.xz", "w:xz") as tar:
+        for pattern in IN_TAR:
+            for path in sorted(work.glob(pattern)):
+                tar.add(path, arcname=path.name)
+    return [*out, dest / "live_tail_logs.tar.xz"]
+
+
+def default_model_dir() -> Path | None:
+    return Path(MODEL_DIR_FILE.read_text().strip()) if MODEL_DIR_FILE.is_file() else None
+
+
+def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
+    d = RunConfig(out=Path("."), model_dir=Path("."))
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("out", type=Path, help="work folder (rollouts, metrics, report, logs)")
+    p.add_argument("--pack", type=Path, default=None, help="copy what comes back here (4 files)")
+    p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
+    p.add_argument("--engine", default=d.engine, choices=ENGINES)
+    p.add_argument("--device", default=d.device)
+    for f in fields(RunConfig):
+        if f.name not in ("out", "model_dir", "pack", "engine", "device"):
+            p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+    a = p.parse_args(argv)
+    model_dir = a.model_dir or default_model_dir()
+    if model_dir is None or not (model_dir / "config.json").is_file():
+        p.error(f"--model-dir {model_dir}: no config.json there (run host.sh stages 1-3 first, or pass the converted dir)")
+    values = {k: v for k, v in vars(a).items() if k not in ("out", "model_dir", "pack")}
+    try:
+        return RunConfig(out=a.out, model_dir=model_dir, pack=a.pack, **values)
+    except ValueError as exc:
+        p.error(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = parse_args(argv)
+    clock = Clock()
+    config.out.mkdir(parents=True, exist_ok=True)
+    summary = None
+    try:
+        summary = run(config, clock)
+    finally:
+        if config.pack is not None:
+            pack(config.out, config.pack)
+    check = summary["arms"][CHECK]
+    print(json.dumps({"verdict": summary["verdict"], "max_abs_diff": check["max_abs_diff"],
+                      "failing_bins": check["failing_bins"], "reasons": check["reasons"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
