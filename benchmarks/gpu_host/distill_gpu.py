@@ -40,8 +40,8 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import distill_pack  # noqa: E402  (stdlib only)
 from distill_rule import RULE, RuleError, load_rule  # noqa: E402  (stdlib only: --help stays fast)
+from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
 
-MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
 PAGE = 16
 MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
 ROLLOUT_SOURCES = ("server", "engine")
@@ -305,10 +305,6 @@ def written_for_matches(config: RunConfig, rule: Any) -> bool:
     ours = {"tight_budget_tokens": config.tight_budget, "looser_budget_tokens": config.looser_budget,
             "total_tokens": config.total_tokens}
     return all(ours.get(k) == v for k, v in rule.written_for.items())
-
-
-def default_model_dir() -> Path | None:
-    return Path(MODEL_DIR_FILE.read_text().strip()) if MODEL_DIR_FILE.is_file() else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:

@@ -51,10 +51,10 @@ import httpx  # noqa: E402
 
 import grpo_report  # noqa: E402
 import smollm2  # noqa: E402
+from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
 
 NCCL_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
 CALIBRATED = ROOT / "benchmarks" / "results" / "fidelity" / "calibrated_schedule.json"
-MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
 ARMS = ("dense", "calibrated", "aggressive")
 # SmolLM2's study settings (smollm2.py), but three servers on one card: a small static share each and a
 # capped KV pool, because SGLang sizes its pool from the memory free when it starts and three servers start
@@ -231,10 +231,6 @@ def run(config: RunConfig) -> dict[str, Any]:
             server.stop()
     record["wall_s"] = round(time.monotonic() - started, 1)
     return grpo_report.write_report(config.out, ARMS, extra={"run": record})
-
-
-def default_model_dir() -> Path | None:
-    return Path(MODEL_DIR_FILE.read_text().strip()) if MODEL_DIR_FILE.is_file() else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:

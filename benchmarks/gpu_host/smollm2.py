@@ -10,6 +10,7 @@ from pathlib import Path
 
 CONFIG = Path(__file__).resolve().parent / "smollm2_config.json"  # the converted model's config.json
 TOTAL_TOKENS = 8160
+MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
 SERVER_ARGS = ["--dtype", "bfloat16", "--mem-fraction-static", "0.3", "--cuda-graph-max-bs", "32",
                "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache", "--skip-tokenizer-init"]
 
@@ -19,6 +20,11 @@ def write_dummy_model(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(json.loads(CONFIG.read_text()), indent=1))
     return directory
+
+
+def default_model_dir() -> Path | None:
+    """The converted model stage 3 left on this host, if any (``MODEL_DIR_FILE``)."""
+    return Path(MODEL_DIR_FILE.read_text().strip()) if MODEL_DIR_FILE.is_file() else None
 
 
 if __name__ == "__main__":
