@@ -51,7 +51,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-MODEL_DIR_FILE = Path("/tmp/w16/model_dir")  # host.sh stage 3 writes the converted model's path here
+from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
+
 PROMPTS = ROOT / "benchmarks" / "fidelity" / "prompts.jsonl"
 PAGE = 16
 MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
@@ -545,10 +546,6 @@ def pack(work: Path, dest: Path) -> list[Path]:
             for path in sorted(work.glob(pattern)):
                 tar.add(path, arcname=path.name)
     return [*out, dest / "live_tail_logs.tar.xz"]
-
-
-def default_model_dir() -> Path | None:
-    return Path(MODEL_DIR_FILE.read_text().strip()) if MODEL_DIR_FILE.is_file() else None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
