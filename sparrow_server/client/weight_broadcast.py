@@ -16,8 +16,9 @@ Between two GPUs of a VM without working P2P, both processes need ``NCCL_P2P_DIS
 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0`` (docs/fleet.md).
 
 A server that fails answers 400 and destroys its side of the group (SGLang and the reference engine
-alike); the broadcaster then raises ``FleetError`` naming the server and its reply, stops waiting for
-its own broadcast (which may never end) and refuses further updates: open a new one.
+alike); the broadcaster then raises ``FleetError`` naming every server (the failed ones with their
+replies, the rest as not answered yet), stops waiting for its own broadcast (which may never end) and
+refuses further updates: open a new one.
 """
 from __future__ import annotations
 
@@ -228,20 +229,21 @@ class WeightBroadcaster:
         posts = {url: _Background(lambda u=url: self._post(u, path, bodies[u])) for url in self.urls}
         mine = _Background(local)
         while not mine.done.wait(POLL_S):
-            failed = {u: p.error for u, p in posts.items() if p.done.is_set() and p.error is not None}
+            answered = {u: p for u, p in posts.items() if p.done.is_set()}  # one snapshot: each url in one group
+            failed = {u: p.error for u, p in answered.items() if p.error is not None}
             if failed:
                 self.broken = f"{action} failed on a server"
-                raise FleetError(action, {u: p.value for u, p in posts.items() if p.done.is_set() and not p.error},
-                                 failed)
+                raise FleetError(action, {u: p.value for u, p in answered.items() if u not in failed}, failed,
+                                 [u for u in posts if u not in answered])
         for call in posts.values():
             call.done.wait(self.config.http_timeout_s + 5)
         failures = {u: p.error or TimeoutError("no answer") for u, p in posts.items() if p.error or not p.done.is_set()}
         if mine.error is not None:
             self.broken = f"the trainer's side of {action} failed: {mine.error}"
-            failures["trainer (rank 0)"] = mine.error
-        if failures:
+        if failures or mine.error is not None:
             self.broken = self.broken or f"{action} failed on a server"
-            raise FleetError(action, {u: p.value for u, p in posts.items() if u not in failures}, failures)
+            raise FleetError(action, {u: p.value for u, p in posts.items() if u not in failures}, failures,
+                             trainer_error=mine.error)
         return {u: p.value for u, p in posts.items()}, mine.value
 
 

@@ -26,13 +26,22 @@ Urls = str | Sequence[str]
 
 
 class FleetError(Exception):
-    """Some servers failed. ``results``: url -> reply of those that succeeded; ``failures``: url -> exception."""
+    """Some servers failed. ``results``: url -> reply of those that succeeded; ``failures``: url -> exception;
+    ``pending``: servers whose answer had not come when the caller stopped waiting (a failure elsewhere
+    ended the wait); ``trainer_error``: the failure of the caller's own side of a collective. The message
+    names every server of the call."""
 
-    def __init__(self, action: str, results: dict[str, Any], failures: dict[str, Exception]):
+    def __init__(self, action: str, results: dict[str, Any], failures: dict[str, Exception],
+                 pending: Sequence[str] = (), trainer_error: BaseException | None = None):
         self.results = results
         self.failures = failures
-        listed = "; ".join(f"{url}: {exc}" for url, exc in failures.items())
-        super().__init__(f"{action} failed on {len(failures)} of {len(results) + len(failures)} servers: {listed}")
+        self.pending = list(pending)
+        self.trainer_error = trainer_error
+        total = len(results) + len(failures) + len(self.pending)
+        parts = [f"{url}: {exc}" for url, exc in failures.items()]
+        parts += [f"no answer yet from {', '.join(self.pending)}"] if self.pending else []
+        parts += [f"the trainer's side (rank 0): {trainer_error}"] if trainer_error is not None else []
+        super().__init__(f"{action} failed on {len(failures)} of {total} servers: {'; '.join(parts)}")
 
 
 def update_payload(model_path: str, *, weight_version: str | None = None, load_format: str | None = None,
