@@ -163,10 +163,18 @@ def run_one(brk: Break, gpus: str, port_offset: int, out: Path, timeout_s: float
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
                                f"--basetemp=/tmp/break-{brk.name}-pytest", *brk.tests], cwd=tree, env=env,
                               stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
-    failed = [line.split(" ")[1] for line in log.read_text(errors="replace").splitlines()
-              if line.startswith("FAILED ") or line.startswith("ERROR ")]
-    return {"break": brk.name, "what": brk.what, "file": brk.path, "caught": bool(failed) and proc.returncode != 0,
-            "failed_tests": failed, "returncode": proc.returncode, "seconds": round(time.time() - t0, 1)}
+    return {"break": brk.name, "what": brk.what, "file": brk.path,
+            **outcome(log.read_text(errors="replace"), proc.returncode), "seconds": round(time.time() - t0, 1)}
+
+
+def outcome(pytest_log: str, returncode: int) -> dict:
+    """Caught means a test's check failed. A fixture's ERROR (a server that never started, a hang cut by a
+    timeout) shows no check seeing the break: recorded, not counted."""
+    lines = pytest_log.splitlines()
+    failed = [line.split(" ")[1] for line in lines if line.startswith("FAILED ")]
+    errored = [line.split(" ")[1] for line in lines if line.startswith("ERROR ")]
+    return {"caught": bool(failed) and returncode != 0, "failed_tests": failed, "errored_tests": errored,
+            "returncode": returncode}
 
 
 def port_offset(gpu: str) -> int:

@@ -38,7 +38,11 @@ code_digest() {
 if [ "$PART" = digest ]; then code_digest; exit 0; fi
 
 if [ -f "$R/.kit/install.sh" ]; then
+  # Two runs started at once (a module beside a break) share $SITE: one installs, the other waits for it.
+  exec 9>"$SITE.lock"
+  command -v flock >/dev/null && flock 9
   eval "$(cd "$R" && SITE="$SITE" bash .kit/install.sh 2>>"$OUT/install.log")"
+  exec 9>&-
 fi
 [ -d "$SITE/sglang" ] || { log "no $SITE/sglang: install the kit first (carry .kit and .whl)"; exit 3; }
 python3 benchmarks/dev_entry_point.py "$SP" >/dev/null

@@ -49,6 +49,17 @@ def test_unknown_break_is_refused():
         _breaks().by_name(["no_such_break"])
 
 
+def test_only_a_failed_check_counts_as_caught():
+    """A fixture's ERROR (a hung or crashed server) is no check seeing the break."""
+    outcome = _breaks().outcome
+    errored = "ERROR tests/gpu/test_x.py::test_a - TimeoutError\n1 error in 480s"
+    assert outcome(errored, 1) == {"caught": False, "failed_tests": [], "errored_tests": ["tests/gpu/test_x.py::test_a"],
+                                   "returncode": 1}
+    failed = "FAILED tests/gpu/test_x.py::test_b - AssertionError: differ\n" + errored
+    assert outcome(failed, 1)["caught"] and outcome(failed, 1)["failed_tests"] == ["tests/gpu/test_x.py::test_b"]
+    assert not outcome("1 passed", 0)["caught"]
+
+
 def test_suite_runner_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks/gpu_host/run_gpu_suite.sh")]).returncode == 0
 

@@ -136,8 +136,9 @@ def test_truncation_alignment_of_a_deterministic_sparrow_server_is_flashinfer_s(
     assert D.truncation_align_size("flashinfer", True, {}) is None  # SGLang sets it itself
 
 
-def test_the_scheduler_hook_sets_the_alignment_only_where_sglang_did_not(monkeypatch):
+def test_the_scheduler_hook_sets_the_alignment_only_where_sglang_did_not(monkeypatch, caplog):
     monkeypatch.delenv(D.ENV_PREFILL_SPLIT_TILE, raising=False)
+    caplog.set_level("INFO", logger=D.__name__)
 
     def scheduler(backend, deterministic, align=None):
         args = types.SimpleNamespace(attention_backend=backend, enable_deterministic_inference=deterministic)
@@ -145,6 +146,8 @@ def test_the_scheduler_hook_sets_the_alignment_only_where_sglang_did_not(monkeyp
 
     s = scheduler("sparrow", True)
     assert D.after_init_deterministic_config(None, s) is None and s.truncation_align_size == 4096
+    # the GPU test's evidence that the hook ran in the server (tests/gpu/test_deterministic.py ALIGN_LINE)
+    assert caplog.messages == ["sparrow: deterministic inference: chunked prefill aligned to 4096 tokens"]
     for s, want in ((scheduler("sparrow", False), None), (scheduler("flashinfer", True, 4096), 4096),
                     (scheduler("sparrow", True, 1024), 1024)):
         D.after_init_deterministic_config(None, s)

@@ -30,11 +30,17 @@ PADDED = 40
 
 
 def _write_plan(wrapper, indptr_host: torch.Tensor) -> None:
-    region = torch.zeros(PADDED + 1, dtype=torch.int32)
-    region[0] = indptr_host.numel()
-    region[1:1 + indptr_host.numel()] = indptr_host.to(torch.int32)
-    wrapper._pin_memory_int_workspace_buffer[:region.numel() * 4].copy_(region.view(torch.uint8))
-    wrapper._int_workspace_buffer[:region.numel() * 4].copy_(wrapper._pin_memory_int_workspace_buffer[:region.numel() * 4])
+    """The count, then the entries; then the whole padded region goes to the int workspace. A tensor-core
+    plan under graphs (``PrefillPlanImpl``) writes only the batch's entries into the staging buffer and no
+    validity mask, so what an earlier plan left in the padding is copied too (and run as work);
+    a CUDA-core one pads nothing (stand-in: it writes the whole region)."""
+    n = indptr_host.numel()
+    staged = wrapper._pin_memory_int_workspace_buffer[:(PADDED + 1) * 4].view(torch.int32)
+    if not (wrapper.use_tensor_cores and wrapper.is_cuda_graph_enabled):
+        staged.zero_()
+    staged[0] = n
+    staged[1:1 + n] = indptr_host.to(torch.int32)
+    wrapper._int_workspace_buffer[:(PADDED + 1) * 4].copy_(wrapper._pin_memory_int_workspace_buffer[:(PADDED + 1) * 4])
     wrapper._plan_info = [wrapper.padded, 0, 0, 0, 0, 0, 0, 0, int(wrapper.is_cuda_graph_enabled), 1]
 
 
@@ -150,6 +156,25 @@ def test_graph_layers_read_their_own_groups_plan_through_buffers_fixed_at_captur
         assert all(d.wrapper._paged_kv_indices_buf is gp.indices for d in layers.values())
         assert layers[2].wrapper._paged_kv_last_page_len_buf.tolist() == plan.last_page_len.tolist()
     assert groups.num_groups == 3 and len(gp.captured[3].slots) == 3
+
+
+def test_tensor_core_padding_holds_nothing_of_a_larger_batch(LP):
+    """Under deterministic inference (tensor cores, graphs) the slots' staging buffers serve every captured
+    batch size; a larger batch's entries left in a smaller one's padding would run as work (FlashInfer
+    reads them as requests past the batch). The padding is zero: it recomputes row 0, as SGLang's
+    fresh per-batch-size buffers do."""
+    gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu", use_tensor_cores=True)
+    for bs in (4, 2):  # SGLang captures the largest batch first
+        plan, groups, plans = _step([dense_schedule()] * bs, [1] * bs)
+        gp.capture(bs, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], ARGS[1])
+    odd = _schedule("odd", (0, 1, 3))
+    for bs in (4, 2, 4, 2):
+        plan, groups, plans = _step([_schedule("a"), odd, _schedule("a"), odd][:bs], [900, 700, 1000, 800][:bs])
+        layers = gp.step(bs, plans, groups, *ARGS[:1], ARGS[1])
+        _check_layers(layers, plans, groups)
+        for layer, decode in layers.items():
+            region = decode.wrapper._int_workspace_buffer[:(PADDED + 1) * 4].view(torch.int32)
+            assert not region[2 + bs * H:].any(), (bs, layer, region.tolist())
 
 
 def test_a_plan_layout_that_changed_since_capture_stops_the_step(LP):

@@ -40,6 +40,7 @@ COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-toke
 PORT = 31800 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))  # beside the other modules of a suite part
 SPLIT_LINE = "KV split eager DecodeSplit(use_tensor_cores=True, fixed_split_size=128, disable_split_kv=False) / " \
              "graph DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)"
+ALIGN_LINE = "sparrow: deterministic inference: chunked prefill aligned to 4096 tokens"
 
 
 def _out(tmp) -> Path:
@@ -120,6 +121,7 @@ def test_the_server_runs_sparrow_deterministically(graph, eager, mode):
     assert settings == {"enable_deterministic_inference": True, "attention_backend": "sparrow",
                         "disable_radix_cache": True}, server["settings"]
     assert SPLIT_LINE in server["log"]
+    assert ALIGN_LINE in server["log"]  # the plug-in's hook ran: chunked prefill cut as SGLang cuts flashinfer's
 
 
 def test_the_outputs_are_informative(graph):

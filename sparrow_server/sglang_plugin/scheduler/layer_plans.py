@@ -169,6 +169,8 @@ class GraphLayerPlans:
         for g, p in enumerate(plans):
             _, row_indptr, _ = _views(self.groups[g], self.layout, bs, rows)
             slot = self._slot(cap, g)
+            if self.use_tensor_cores:
+                self._clear_padding(cap, g)
             # Under graphs FlashInfer reads the last-page lengths from the buffer the copy above filled; the
             # host array gives their count, and tensor-core planning reads it (no device -> host copy).
             # ``plan_kwargs`` holds the KV split (``determinism.DecodeSplit.plan_kwargs``).
@@ -181,6 +183,16 @@ class GraphLayerPlans:
         torch.index_select(self.groups, 0, self.group_of_layer, out=self.layer_meta)
         self.layer_ws[:, :n].copy_(torch.index_select(self.slot_ws[:, :n], 0, self.group_of_layer))
         return cap.layers
+
+    def _clear_padding(self, cap: _Captured, g: int) -> None:
+        """FlashInfer's tensor-core plan under graphs pads its work list (``PrefillSplitQOKVIndptr``: the
+        larger of the tiles and the split grid) with no validity mask unless it splits KV, and writes only
+        the batch's entries. This slot's pinned staging buffer is shared by every captured batch size, so a
+        larger batch's entries would stay in the padding and be run as work (rows past this batch: reads
+        and writes out of range). Zeroed, the padding recomputes row 0 into its own place, as SGLang's
+        fresh per-batch-size buffers do."""
+        n = plan_region_bytes(cap.plan_info, True) if cap.plan_info is not None else self.ws_bytes
+        self.slot_pinned[g][:n].zero_()
 
     @staticmethod
     def _check_layout(cap: _Captured, info, bs: int) -> None:
