@@ -151,14 +151,25 @@ def measure(size, backends, work_dir, out_dir, args, schedule, share):
 
 def run_parallel(size, backends, work_dir, out_dir, args, schedule):
     """Each backend on its own card (GPU i, port 30100 + i) at the same time, the same workloads and
-    prompts; no deadline (the caller's device call bounds it)."""
-    from concurrent.futures import ThreadPoolExecutor
+    prompts; no deadline (the caller's device call bounds it). Each backend's measurements are saved as
+    it finishes (``partial-SIZE-BACKEND.json``): the sparse half ends first, and a call cut during the dense
+    half still returns it."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     with ThreadPoolExecutor(len(backends)) as pool:
-        futs = {b: pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=30100 + i)
+        futs = {pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=30100 + i): b
                 for i, b in enumerate(backends)}
-        done = {b: f.result() for b, f in futs.items()}
-    return {b: res for b, (res, _) in done.items()}, next(iter(done.values()))[1]
+        done = {}
+        for fut in as_completed(futs):
+            done[futs[fut]] = fut.result()
+            save_partial(out_dir / f"partial-{size}-{futs[fut]}.json", done[futs[fut]][0])
+    return {b: done[b][0] for b in backends}, done[backends[0]][1]
+
+
+def save_partial(path: Path, res: dict) -> None:
+    """One backend's raw measurements ({(workload, ...): ...} keyed by their repr)."""
+    path.write_text(json.dumps({repr(k) if isinstance(k, tuple) else k: v for k, v in res.items()}, indent=1,
+                               default=str))
 
 
 def schedule_env(schedule, schedule_dir: Path) -> dict[str, str]:

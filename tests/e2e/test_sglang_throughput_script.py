@@ -50,16 +50,21 @@ def _fake_backends(T, monkeypatch, fail=()):
     return calls
 
 
-def test_parallel_cards_runs_each_backend_on_its_own_card_and_port(monkeypatch):
+def test_parallel_cards_runs_each_backend_on_its_own_card_and_port(monkeypatch, tmp_path):
+    import json
     import types
 
     T = _bench()
     calls = _fake_backends(T, monkeypatch, fail={("sparrow", 32)})
     args = types.SimpleNamespace(parallel_cards=True)
-    per, cfg, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, None, args, None, 100.0)
+    per, cfg, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, tmp_path, args, None, 100.0)
     assert sorted((c["backend"], c["card"], c["port"], c["only"]) for c in calls) == [
         ("flashinfer", 0, 30100, None), ("sparrow", 1, 30101, None)]
     assert done == {("decode_ctx", 32768, 16)} and cfg == {"cfg": "qwen3-1.7b"}  # only what both measured
+    # each half saved as it ended: a call cut during the slower half keeps the other
+    saved = json.loads((tmp_path / "partial-qwen3-1.7b-sparrow.json").read_text())
+    assert saved == {"('decode_ctx', 32768, 16)": {"server_tok_s": 16.0}, "('decode_ctx', 32768, 32)": {"error": "short"}}
+    assert (tmp_path / "partial-qwen3-1.7b-flashinfer.json").exists()
 
 
 def test_back_to_back_the_second_backend_runs_what_the_first_measured(monkeypatch):
