@@ -205,7 +205,9 @@ class ServerAutopilot:
         basis = np.asarray(scores.evidence_basis_lengths, dtype=np.int64)
         with self._lock:
             self._seq += 1
-            self._evidence.append({"seq": self._seq, "schedule": schedule.name, "version": schedule.version,
+            # rid: the rollout's id, so a client can join the per-token evidence to its own responses (an engine
+            # that verifies every position exactly puts no per-token values in the response's meta)
+            self._evidence.append({"seq": self._seq, "rid": job.rid, "schedule": schedule.name, "version": schedule.version,
                                    "budgets_tokens": list(schedule.budgets_tokens), "bin_tokens": schedule.bin_tokens,
                                    "weight_version": job.weight_version, "adapter": job.adapter,
                                    "kind": scores.evidence_kind, "acceptance": acceptance.round(5).tolist(),

@@ -182,6 +182,7 @@ def test_evidence_lists_verified_rollouts_after_a_cursor(model_dir, tmp_path):
         assert record["version"] == 1 and record["budgets_tokens"] == [64, 64, 64] and record["bin_tokens"] == 32
         assert len(record["acceptance"]) == len(out["token_ids"]) == len(record["basis_lengths"])
         assert record["basis_lengths"][0] == len(PROMPT)
+        assert record["rid"] == out["rid"]  # joins the evidence to the response it verified
         rollout(client, max_new_tokens=30, seed=3)
         later = client.get("/autopilot/evidence", params={"schedule": NAME, "after": first["next"]}).json()
         assert [r["seq"] for r in later["records"]] == [first["next"] + 1]
