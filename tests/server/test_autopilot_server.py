@@ -201,7 +201,7 @@ def test_tokens_verified_on_new_weights_reset_the_evidence(model_dir, tmp_path):
         scores = AcceptanceScores(np.full(30, 0.5), np.arange(70, 100), "exact")  # bin 2
 
         def verified(weights):
-            pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=weights, adapter=None), scores)
+            pilot.on_verified(SimpleNamespace(rid=f"r-{weights}", schedule=schedule, weight_version=weights, adapter=None), scores)
             return client.get(f"/schedules/{NAME}/autopilot").json()["bins"][2]["window_tokens"]
 
         start = client.get(f"/schedules/{NAME}/autopilot").json()["weight_version"]
@@ -249,5 +249,5 @@ def test_a_republished_adapter_resets_the_evidence(model_dir, tmp_path):
         assert window_tokens() == ("d2", 20)
         schedule = pilot.service.schedules.get(NAME)
         late = AcceptanceScores(np.full(30, 0.5), np.arange(40, 70), "exact")
-        pilot.on_verified(SimpleNamespace(schedule=schedule, weight_version=None, adapter="d1"), late)
+        pilot.on_verified(SimpleNamespace(rid="late", schedule=schedule, weight_version=None, adapter="d1"), late)
         assert window_tokens() == ("d2", 20)  # admitted on d1 before the republish: ignored
