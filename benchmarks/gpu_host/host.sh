@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs ON the GPU host, from this code's root (the extracted .gpu16/code.tar.gz), one stage per device call:
-#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4|5|6|7
+#   R=<device repo root> OUT=<returned folder> bash benchmarks/gpu_host/host.sh 1|2|3|4|5|6|7|8
 # 1: install the kit (R/.kit, R/.whl), keep model part 1.          (carry .whl .kit .gpu16 .model1)
 # 2: keep part 2; compile SmolLM2's kernels on dummy weights.       (carry .gpu16 .model2)
 # 3: keep part 3, reassemble + sha256, convert; cross-engine GPU test at 8K (graphs) + selections (eager).
@@ -14,10 +14,15 @@
 #    subsample at stride 4, 56 + 8 verified rollouts at 8,160 tokens, reads the live p5 per 512-token bin from
 #    /metrics, scores the same tokens with the float32 oracle, judges |live - oracle| <= 0.02 per bin; needs stage
 #    3's converted model (XE=0 is enough). LIVETAIL_ARGS adds arguments.
+# 8: the stage-6 adapter served (issue 25 item 3): served_adapter.py serves SmolLM2 on serve --engine sglang with LoRA
+#    and the exact subsample, loads $W/distill/adapter (POST /adapters), runs the distill run's held-out prompts at
+#    the tight budget without and with the adapter and at the looser budget (same seeds), p5 per bin of the exact
+#    values at the kept positions, and what the autopilot's controller picks with and without the adapter; needs
+#    stage 6 on this warm host (its adapter and distill_summary.json). SERVED_ARGS adds arguments.
 # /tmp survives between calls only while the host stays warm (~30 s): a stage that finds the kit or an
 # earlier part missing says so and exits 3 (start again from call 1).
 set -uo pipefail
-STAGE="${1:?stage 1-7}"
+STAGE="${1:?stage 1-8}"
 R="${R:?R = the device repo root (where the carried folders are)}"
 OUT="${OUT:-/tmp/out16}"
 SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"; W="${W:-/tmp/w16}"; STORE="${STORE:-/tmp/sparrow-gguf}"
@@ -165,7 +170,18 @@ EOF
   RC=${PIPESTATUS[0]}
   cp "$W/livetail/live_tail.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
   ;;
-*) echo "stage must be 1-7" >&2; exit 2 ;;
+8)
+  [ -f "$W/model_dir" ] && [ -f "$(model_dir)/config.json" ] || { log "no converted model: the host went cold; start again with call 1"; exit 3; }
+  ADAPTER="${ADAPTER:-$W/distill/adapter}"
+  [ -f "$ADAPTER/adapter_config.json" ] || { log "no adapter at $ADAPTER: run stage 6 on this warm host first"; exit 3; }
+  mkdir -p "$W/served"  # its log goes into OUT apart: OUT takes at most 8 files (3 from --pack)
+  timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/served_adapter.py "$W/served" --adapter "$ADAPTER" --pack "$OUT" \
+    --distill-summary "$W/distill/distill_summary.json" --model-dir "$(model_dir)" --port $PORT --deadline-s "$(left 40 500)" \
+    ${SERVED_ARGS:-} 2>&1 | tee "$W/served/served_adapter.log"
+  RC=${PIPESTATUS[0]}
+  cp "$W/served/served_adapter.log" "$OUT/" 2>/dev/null  # complete (the packed copy was taken before the runner's last line)
+  ;;
+*) echo "stage must be 1-8" >&2; exit 2 ;;
 esac
 log "stage $STAGE done"
 exit "${RC:-0}"

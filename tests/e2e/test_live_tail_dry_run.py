@@ -269,4 +269,4 @@ def test_host_stage_7_runs_the_check_under_its_deadline():
     assert '--pack "$OUT"' in block and '--deadline-s "$(left 40 500)"' in block and "${LIVETAIL_ARGS:-}" in block
     assert "--port $PORT" in block  # PORT (and CUDA_VISIBLE_DEVICES) let it share a 2-GPU host with another stage
     assert 'model_dir)/config.json" ] || {' in block and "exit 3" in block  # a cold host says so
-    assert "stage 1-7" in text and "stage must be 1-7" in text
+    assert "stage 1-8" in text and "stage must be 1-8" in text  # stage 8 (served_adapter.py) came after
