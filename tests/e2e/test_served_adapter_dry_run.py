@@ -161,6 +161,43 @@ def test_no_when_the_adapter_does_not_hold_and_undecided_below_min_tokens():
     assert {d["decision"] for r in few["bins"] for d in r["decisions"].values()} == {"no decision"}
 
 
+def test_no_rollout_is_waited_for_past_the_deadline_and_the_report_covers_what_came_back(tmp_path):
+    from types import SimpleNamespace
+
+    class Clock:  # every rollout takes 10 s of this clock; none of real time
+        now = 0.0
+
+        def elapsed(self):
+            return self.now
+
+    class Client:
+        def rollout(self, input_ids, schedule, adapter, verify, sampling_params):
+            clock.now += 10.0
+            n = 8
+            sub = {"positions": list(range(n)), "acceptance": [0.9] * n, "missing": []}
+            return SimpleNamespace(rid=f"r{clock.now:.0f}", token_ids=[5] * n, kv_budget_tokens=[None] + [64] * (n - 1),
+                                   meta=SimpleNamespace(raw={"adapter": adapter, "exact_subsample": sub, "acceptance_kind": "exact"}))
+
+    clock = Clock()
+    config = served_adapter.RunConfig(out=tmp_path, model_dir=tmp_path, adapter=tmp_path, concurrency=1, deadline_s=100,
+                                      reserve_s=30, n_heldout_prompts=3, heldout_samples=1, total_tokens=600, looser_budget=96,
+                                      tight_budget=64)
+    todo = served_adapter.requests(config, [[1] * 60, [2] * 70, [3] * 50], {64: "s64", 96: "s96"})
+    assert [(r["arm"], r["prompt"], r["seed"]) for r in todo[:4]] == [
+        ("tight-64", 0, 0), ("tight-64+adapter", 0, 0), ("looser-96", 0, 0), ("tight-64", 1, 1)]  # interleaved, same seeds
+    assert {r["max_new_tokens"] for r in todo} == {600 - 70}
+    records = served_adapter.run_requests(config, clock, Client(), todo)
+    # one at a time: the 8th starts at 70 s = deadline - reserve, past it nothing starts
+    assert [not r.get("error") for r in records] == [True] * 8 + [False]
+    assert records[-1]["error"] == "not started before the deadline"
+    served_adapter.attach_values(records, [])
+    report = served_report.analyse(records, config.arms(), "looser-96", bin_tokens=64, min_bin_start=64, quantile=0.05,
+                                   confidence=0.95, n_boot=20, targets=[], min_tokens=4, page_size=16, reserved_pages=3)
+    assert {a: (v["answered"], v["requested"]) for a, v in report["arms"].items()} == {
+        "tight-64": (3, 3), "tight-64+adapter": (3, 3), "looser-96": (2, 3)}
+    assert report["arms"]["looser-96"]["errors"] == ["not started before the deadline"]
+
+
 # ----- end to end on CPU ---------------------------------------------------------------------------------
 
 def _tiny_model_with_smollm2_tokenizer(out: Path) -> Path:
