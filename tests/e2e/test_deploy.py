@@ -535,7 +535,8 @@ def test_dashboard_queries_return_data_from_contract_metrics(tmp_path: Path):
             result = response.json()["data"]["result"]
             return bool(result) and float(result[0]["value"][1]) >= 3
 
-        wait_until(enough_samples, 30, "three scrapes of the contract exporter (Prometheus waits ~5 s before the first)", interval_s=0.25)
+        # ~7 s when idle; the deadline only bounds a hang (Prometheus starting on a loaded 2-core CI box is slower)
+        wait_until(enough_samples, 120, "three scrapes of the contract exporter (Prometheus waits ~5 s before the first)", interval_s=0.25)
         for expr in deploy_exprs()[str((DEPLOY_DIR / "grafana/dashboards/sparrow.json").relative_to(REPO_ROOT))]:
             query = expr
             for variable, value in GRAFANA_VARS.items():

@@ -6,13 +6,13 @@ real SmolLM2 with tiny sizes through the server path (``serve --engine reference
 rule's verdict, at most 8 packed files."""
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import json
 import py_compile
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -35,17 +35,24 @@ def test_scripts_compile():
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    t0 = time.monotonic()
     out = subprocess.run([sys.executable, str(GPU_HOST / "distill_gpu.py"), "--help"], capture_output=True, text=True,
                          timeout=60, env=ENV)
-    elapsed = time.monotonic() - t0
     assert out.returncode == 0, out.stderr
     assert "--pack" in out.stdout and "--rule" in out.stdout and "decision rule" in out.stdout
-    assert elapsed < 1.5, f"--help took {elapsed:.2f} s"
-    probe = ("import sys; sys.path.insert(0, %r); import distill_gpu; "
-             "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'httpx') if m in sys.modules))" % str(GPU_HOST))
+    # Fast because the --help path imports only the standard library and the script's own stdlib-only
+    # helpers: checked by what it imports, not by a wall clock (a loaded 2-core CI box can stall any
+    # process past a fixed bound; torch, numpy and the like would be caught here, as anything else).
+    probe = ("import runpy, sys\n"
+             "before = set(sys.modules)\n"
+             "sys.argv = ['distill_gpu.py', '--help']\n"
+             "try:\n    runpy.run_path(%r, run_name='__main__')\n"
+             "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+             "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)))"
+             % str(GPU_HOST / "distill_gpu.py"))
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV)
-    assert loaded.stdout.strip() == "[]", loaded.stderr
+    assert loaded.returncode == 0, loaded.stderr
+    imported = ast.literal_eval(loaded.stdout.strip().splitlines()[-1])
+    assert set(imported) <= {"distill_pack", "distill_rule", "smollm2"}, imported
 
 
 # ----- the decision rule ------------------------------------------------------------------------------

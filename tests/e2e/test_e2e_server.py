@@ -76,22 +76,35 @@ def test_generate_in_sglang_shape(server, reference):
     assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["output_ids"] == out["output_ids"]
 
 
+def aborted_rollouts(url: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "sparrow_requests_total" and s.labels["endpoint"] == "rollout"
+               and s.labels["status"] == "aborted")
+
+
 def test_disconnect_mid_stream_aborts_and_frees_pages(server):
-    before = httpx.get(f"{server.url}/health").json()
+    before = httpx.get(f"{server.url}/health", timeout=30).json()
+    aborted_before = aborted_rollouts(server.url)
     body = {"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
     with httpx.stream("POST", f"{server.url}/rollout", json=body, timeout=60) as r:
         lines = r.iter_lines()
         assert json.loads(next(l for l in lines if l)[6:])["done"] is False
-        assert httpx.get(f"{server.url}/health").json()["live_requests"] == 1
-    deadline = time.monotonic() + 15
+        assert httpx.get(f"{server.url}/health", timeout=30).json()["live_requests"] == 1
+    # Wait for the engine to forget the request and for its "aborted" count: the engine thread and the
+    # event loop that counts it run apart, so either may come first. The deadline only bounds a hang (a
+    # loaded 2-core CI box can take seconds); the count tells an abort from 900 tokens run out.
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        health = httpx.get(f"{server.url}/health").json()
-        if health["live_requests"] == 0:
+        health = httpx.get(f"{server.url}/health", timeout=30).json()
+        if health["live_requests"] == 0 and aborted_rollouts(server.url) > aborted_before:
             break
         time.sleep(0.1)
     assert health["live_requests"] == 0
     assert health["free_pages"] == health["total_pages"] == before["total_pages"]
-    assert 'status="aborted"' in httpx.get(f"{server.url}/metrics").text
+    assert aborted_rollouts(server.url) == aborted_before + 1
 
 
 def test_batch_helper_and_async_client(server):

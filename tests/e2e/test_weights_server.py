@@ -6,6 +6,7 @@ architectures answer 400 and the old weights keep serving; pause/continue over H
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -91,6 +92,17 @@ def test_bad_path_and_other_architecture_answer_400_and_old_weights_keep_serving
     assert after.token_ids == reference.token_ids and after.meta.weight_version == served
 
 
+def _settled_count(stream: StreamInThread, quiet_s: float = 0.5, bound_s: float = 60.0) -> int:
+    """The stream's event count once it stopped growing for ``quiet_s`` (``bound_s`` only bounds a hang). A
+    server that did not pause keeps it growing until the rollout ends, which the caller's checks see."""
+    deadline, count, since = time.monotonic() + bound_s, len(stream.events), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.02)
+        if len(stream.events) != count:
+            count, since = len(stream.events), time.monotonic()
+    return count
+
+
 def test_pause_in_place_and_continue_over_http(servers):
     updated, _ = servers
     reference = rollout(updated)
@@ -100,8 +112,8 @@ def test_pause_in_place_and_continue_over_http(servers):
     assert reply["status"] == "ok" and reply["paused"] == "in_place"
     state = httpx.get(f"{updated.url}/generation_state", timeout=10).json()
     assert state["paused"] == "in_place" and state["running_requests"] == 1
-    frozen_at = len(stream.events)
-    stream.thread.join(timeout=0.3)
+    frozen_at = _settled_count(stream)  # events sent before the pause may still be on their way to the client
+    stream.thread.join(timeout=0.5)
     assert len(stream.events) == frozen_at and stream.thread.is_alive()
     assert resume([updated.url])[updated.url]["paused"] is None
     tokens, meta = stream.result()

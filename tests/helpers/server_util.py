@@ -33,26 +33,39 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``sparrow-server serve`` in a subprocess on a free loopback port."""
+    """``sparrow-server serve`` in a subprocess on a free loopback port.
+
+    The port is free when ``free_port`` looks, but the server binds it only after its imports (seconds
+    on a loaded box), and another process may take it meanwhile: a server that exits because its port
+    is in use is started again on another one."""
+
+    PORT_TRIES = 3
 
     def __init__(self, model_dir: Path, state_dir: Path, *extra: str, timeout_s: float = 120.0):
         self.state_dir = state_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference", "--model", str(model_dir),
-               "--port", str(self.port), "--state-dir", str(state_dir), "--device", "cpu", "--threads", "1",
-               "--kv-pool-tokens", "8192", "--log-level", "warning", *extra]
-        self.log = open(state_dir.parent / f"server-{self.port}.log", "w")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONPATH": str(REPO)})
-        self._wait(timeout_s)
+        for attempt in range(1, self.PORT_TRIES + 1):
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "reference", "--model", str(model_dir),
+                   "--port", str(self.port), "--state-dir", str(state_dir), "--device", "cpu", "--threads", "1",
+                   "--kv-pool-tokens", "8192", "--log-level", "warning", *extra]
+            self.log = open(state_dir.parent / f"server-{self.port}.log", "w")
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "PYTHONPATH": str(REPO)})
+            if self._wait(timeout_s, last_try=attempt == self.PORT_TRIES):
+                return
 
-    def _wait(self, timeout_s: float) -> None:
+    def _wait(self, timeout_s: float, last_try: bool) -> bool:
+        """True once healthy; False if the port was taken (and not ``last_try``); raises otherwise."""
         try:
             wait_healthy(self.url, self.proc, timeout_s)
+            return True
         except RuntimeError as exc:
             self.stop()
-            raise RuntimeError(f"{exc}: {Path(self.log.name).read_text()[-3000:]}") from None
+            log = Path(self.log.name).read_text()
+            if self.proc.returncode not in (None, 0) and "address already in use" in log.lower() and not last_try:
+                return False
+            raise RuntimeError(f"{exc}: {log[-3000:]}") from None
 
     def stop(self) -> None:
         if self.log.closed:
