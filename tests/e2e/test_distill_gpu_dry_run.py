@@ -52,7 +52,7 @@ def test_help_is_fast_and_imports_nothing_heavy():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV)
     assert loaded.returncode == 0, loaded.stderr
     imported = ast.literal_eval(loaded.stdout.strip().splitlines()[-1])
-    assert set(imported) <= {"distill_pack", "distill_rule", "smollm2"}, imported
+    assert set(imported) <= {"distill_pack", "distill_rule", "run_common", "smollm2"}, imported
 
 
 # ----- the decision rule ------------------------------------------------------------------------------
