@@ -54,6 +54,12 @@ def run_script(script: str, *args: str, timeout: float = 900) -> subprocess.Comp
     return subprocess.run(script_cmd(script, *args), capture_output=True, text=True, timeout=timeout, env=DRY_ENV)
 
 
+def assert_ran(out: subprocess.CompletedProcess) -> None:
+    """The dry run ended 0 (else its output's tails), with its server up and stopped."""
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "server healthy" in out.stdout and "server stopped" in out.stdout
+
+
 def packed(out: Path, tar_name: str) -> tuple[list[str], set[str]]:
     """(the names ``--pack`` left in ``out``, sorted; the names in its ``tar_name``)."""
     with tarfile.open(out / tar_name) as tar:
