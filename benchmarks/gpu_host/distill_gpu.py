@@ -25,11 +25,9 @@ adapter's metadata; not its weights).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-import time
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,7 +38,8 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import distill_pack  # noqa: E402  (stdlib only)
 from distill_rule import RULE, RuleError, load_rule  # noqa: E402  (stdlib only: --help stays fast)
-from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
+from run_common import (Clock, add_field_flags, add_model_dir, config_from_args, doc_parser, fixed_schedule,  # noqa: E402
+                        logger, model_dir_or_error, run_and_pack)
 
 PAGE = 16
 MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
@@ -107,25 +106,14 @@ class RunConfig:
             raise ValueError(f"epochs = {self.epochs}: must be > 0")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
-def log(clock: Clock, msg: str) -> None:
-    print(f"[distill_gpu +{clock.elapsed():.0f}s] {msg}", flush=True)
+log = logger("distill_gpu")
 
 
 def schedules(config: RunConfig) -> tuple[Any, Any]:
     """(tight, looser): fixed budgets, the library's defaults otherwise (page 16, 1 sink, 2 recent, layers 0-1 dense)."""
-    from sparrow_server.sparsity.schedule import schedule_from_dict
-
     def fixed(name: str, budget: int) -> Any:
-        return schedule_from_dict({"name": f"distill-{name}-{budget}", "budgets_tokens": [budget],
-                                   "description": f"issue 25 DistillSparse GPU run: {name} fixed budget, {budget // PAGE} pages"})
+        return fixed_schedule(f"distill-{name}-{budget}", budget,
+                              f"issue 25 DistillSparse GPU run: {name} fixed budget, {budget // PAGE} pages")
     return fixed("tight", config.tight_budget), fixed("looser", config.looser_budget)
 
 
@@ -309,28 +297,17 @@ def written_for_matches(config: RunConfig, rule: Any) -> bool:
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     d = RunConfig(out=Path("."), model_dir=Path("."))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="work folder (rollouts, adapter, report, logs)")
     p.add_argument("--pack", type=Path, default=None, help="copy what comes back here (4 files)")
-    p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
+    add_model_dir(p)
     p.add_argument("--rule", type=Path, default=d.rule, help="the decision rule (default: the committed one)")
     for name, choices in (("rollouts", ROLLOUT_SOURCES), ("engine", ENGINES), ("dtype", DTYPES), ("loss", LOSSES)):
         p.add_argument("--" + name, default=getattr(d, name), choices=choices)
     p.add_argument("--device", default=d.device)
-    for f in fields(RunConfig):
-        if f.name not in ("out", "model_dir", "rule", "pack", "rollouts", "engine", "dtype", "loss", "device"):
-            kind = type(getattr(d, f.name))
-            p.add_argument("--" + f.name.replace("_", "-"), type=kind, default=getattr(d, f.name))
+    add_field_flags(p, d, skip=("out", "model_dir", "rule", "pack", "rollouts", "engine", "dtype", "loss", "device"))
     a = p.parse_args(argv)
-    model_dir = a.model_dir or default_model_dir()
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        p.error(f"--model-dir {model_dir}: no config.json there (run host.sh stages 1-3 first, or pass the converted dir)")
-    values = {k: v for k, v in vars(a).items() if k not in ("out", "model_dir", "pack")}
-    try:
-        return RunConfig(out=a.out, model_dir=model_dir, pack=a.pack, **values)
-    except ValueError as exc:
-        p.error(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}")
+    return config_from_args(p, RunConfig, a, model_dir_or_error(p, a.model_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -341,13 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --rule: {exc}", file=sys.stderr)
         return 2
     clock = Clock()
-    config.out.mkdir(parents=True, exist_ok=True)
-    summary = None
-    try:
-        summary = run(config, clock, rule)
-    finally:
-        if config.pack is not None:
-            distill_pack.pack(config.out, config.pack)
+    summary = run_and_pack(config, lambda: run(config, clock, rule), distill_pack.pack)
     print(json.dumps({"verdict": summary["verdict"], "pooled": summary["pooled"]}, indent=1))
     return 0
 

@@ -3,20 +3,17 @@ study settings (``smollm2.py``) with CUDA graphs up to ``--cuda-graph-max-bs`` a
 (past the largest captured batch SGLang decodes eagerly, several times slower)."""
 from __future__ import annotations
 
-import sys
 import time
 from typing import Any
+
+from run_common import engine_args, logger, serve_command
 
 
 def server_args(config: Any) -> list[str]:
     if config.engine == "reference":  # the CPU dry run of the server path
-        return ["--device", config.device, "--threads", "1", "--kv-pool-tokens", str(config.total_tokens * config.concurrency)]
-    import smollm2
-
-    args = list(smollm2.SERVER_ARGS)
-    args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
+        return engine_args(config)
     # serve owns --max-running-requests (sglang_plugin.frontend.host.OWNED_SGLANG_FLAGS): pass it as its own flag
-    return ["--max-batch-size", str(config.concurrency), "--", *args]
+    return ["--max-batch-size", str(config.concurrency), *engine_args(config)]
 
 
 def start_server(config: Any, clock: Any) -> tuple[Any, str]:
@@ -24,9 +21,7 @@ def start_server(config: Any, clock: Any) -> tuple[Any, str]:
     from grpo_gpu import ROOT, Proc, wait_healthy
 
     url = f"http://127.0.0.1:{config.port}"
-    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", config.engine, "--model", str(config.model_dir),
-           "--host", "127.0.0.1", "--port", str(config.port), "--state-dir", str(config.out / "server-state"),
-           *server_args(config)]
+    cmd = [*serve_command(config, config.port, config.out / "server-state"), *server_args(config)]
     assert ROOT.is_dir()
     server = Proc(cmd, config.out / "server.log", env={})
     t0 = time.monotonic()
@@ -35,5 +30,5 @@ def start_server(config: Any, clock: Any) -> tuple[Any, str]:
     except BaseException:
         server.stop()
         raise
-    print(f"[distill_gpu +{clock.elapsed():.0f}s] server healthy after {time.monotonic() - t0:.0f} s", flush=True)
+    logger("distill_gpu")(clock, f"server healthy after {time.monotonic() - t0:.0f} s")
     return server, url

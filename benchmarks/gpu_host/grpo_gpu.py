@@ -28,7 +28,6 @@ memory (``NCCL_P2P_DISABLE=1 NCCL_CUMEM_ENABLE=0 NCCL_NVLS_ENABLE=0``, docs/flee
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -51,7 +50,7 @@ import httpx  # noqa: E402
 
 import grpo_report  # noqa: E402
 import smollm2  # noqa: E402
-from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
+from run_common import add_model_dir, doc_parser, model_dir_or_error, run_and_pack, serve_command  # noqa: E402
 
 NCCL_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0", "NCCL_NVLS_ENABLE": "0", "NCCL_DEBUG": "WARN"}
 CALIBRATED = ROOT / "benchmarks" / "results" / "fidelity" / "calibrated_schedule.json"
@@ -153,9 +152,7 @@ class Proc:
 
 def start_server(config: RunConfig, arm: str, port: int) -> Proc:
     env = {**NCCL_ENV, "CUDA_VISIBLE_DEVICES": str(config.server_gpu)} if config.gpu else {}
-    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", config.engine, "--model",
-           str(config.model_dir), "--host", "127.0.0.1", "--port", str(port), "--state-dir",
-           str(config.out / arm / "state"), *server_args(config)]
+    cmd = [*serve_command(config, port, config.out / arm / "state"), *server_args(config)]
     return Proc(cmd, config.out / f"server-{arm}.log", env)
 
 
@@ -235,11 +232,10 @@ def run(config: RunConfig) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     d = RunConfig(out=Path("."), model_dir=Path("."))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="work folder (steps, logs, servers' state)")
     p.add_argument("--pack", type=Path, default=None, help="copy the results here in at most 8 files")
-    p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
+    add_model_dir(p)
     p.add_argument("--engine", default=d.engine, choices=("sglang", "reference"))
     for name in ("steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "context_examples", "seed", "aggressive_budget",
                  "server_gpu", "trainer_gpu", "base_port", "master_port"):
@@ -248,9 +244,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
         p.add_argument("--" + name.replace("_", "-"), type=float, default=getattr(d, name))
     p.add_argument("--calibrated", type=Path, default=d.calibrated, help="the calibrated arm's schedule file")
     a = p.parse_args(argv)
-    model_dir = a.model_dir or default_model_dir()
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        p.error(f"--model-dir {model_dir}: no config.json there (run host.sh stages 1-3 first, or pass the converted dir)")
+    model_dir = model_dir_or_error(p, a.model_dir)
     fields = {k: v for k, v in vars(a).items() if k not in ("out", "model_dir", "pack")}
     return RunConfig(out=a.out, model_dir=model_dir, pack=a.pack, **fields)
 
@@ -271,12 +265,7 @@ def pack(work: Path, dest: Path) -> list[Path]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
-    config.out.mkdir(parents=True, exist_ok=True)
-    try:
-        summary = run(config)
-    finally:
-        if config.pack is not None:
-            pack(config.out, config.pack)
+    summary = run_and_pack(config, lambda: run(config), pack)
     print(json.dumps({"run": summary["run"], "arms": summary["arms"]}, indent=1))
     finished = all(s.get("steps") == config.steps for s in summary["arms"].values())
     return 0 if finished else 1

@@ -34,12 +34,9 @@ tokens and ``live_tail_logs.tar.xz``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import queue
-import shutil
 import sys
-import tarfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -51,7 +48,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
+from run_common import (Clock, add_field_flags, add_model_dir, config_from_args, doc_parser, engine_args,  # noqa: E402
+                        fixed_schedule, logger, model_dir_or_error, pack_outputs, run_and_pack, serve_command)
 
 PROMPTS = ROOT / "benchmarks" / "fidelity" / "prompts.jsonl"
 PAGE = 16
@@ -114,25 +112,13 @@ class RunConfig:
         return -(-self.total_tokens // PAGE) * PAGE
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
-def log(clock: Clock, msg: str) -> None:
-    print(f"[live_tail +{clock.elapsed():.0f}s] {msg}", flush=True)
+log = logger("live_tail")
 
 
 def schedules(config: RunConfig) -> dict[str, Any]:
     """{arm: Schedule}: fixed budgets (page 16, 1 sink + 2 recent, layers 0-1 dense) with ``bin_tokens`` bins."""
-    from sparrow_server.sparsity.schedule import schedule_from_dict
-
     def fixed(budget: int, what: str) -> Any:
-        return schedule_from_dict({"name": f"livetail-fixed-{budget}", "budgets_tokens": [budget],
-                                   "bin_tokens": config.bin_tokens, "description": f"issue 25 live-tail check: {what}"})
+        return fixed_schedule(f"livetail-fixed-{budget}", budget, f"issue 25 live-tail check: {what}", config.bin_tokens)
     out = {CHECK: fixed(config.budget, "the checked fixed budget")}
     if config.floor_rollouts:
         out[FLOOR] = fixed(config.floor_budget, "no page dropped (the rounding floor)")
@@ -164,18 +150,10 @@ def requests(config: RunConfig, prompts: list[tuple[str, list[int]]], names: dic
 
 
 def server_command(config: RunConfig) -> tuple[list[str], dict[str, str]]:
-    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", config.engine, "--model", str(config.model_dir),
-           "--host", "127.0.0.1", "--port", str(config.port), "--state-dir", str(config.out / "server-state"),
+    cmd = [*serve_command(config, config.port, config.out / "server-state"),
            "--verify-fraction", "0", "--max-batch-size", str(config.concurrency)]
     env = {"SPARROW_EXACT_STRIDE": str(config.stride), "SPARROW_EXACT_MAX_MIB": str(config.exact_max_mib)}
-    if config.engine == "reference":  # the CPU dry run: exact at every position, no subsample
-        return cmd + ["--device", config.device, "--threads", "1",
-                      "--kv-pool-tokens", str(config.total_tokens * config.concurrency)], env
-    import smollm2
-
-    args = list(smollm2.SERVER_ARGS)
-    args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
-    return cmd + ["--", *args], env
+    return cmd + engine_args(config), env  # the reference engine (CPU dry run): exact at every position, no subsample
 
 
 def run_rollouts(config: RunConfig, clock: Clock, url: str, todo: list[dict[str, Any]], timeout_s: float,
@@ -539,48 +517,26 @@ def run(config: RunConfig, clock: Clock) -> dict[str, Any]:
 
 def pack(work: Path, dest: Path) -> list[Path]:
     """What a device call brings back (4 files; host.sh's OUT takes at most 8)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    out = [Path(shutil.copy(work / name, dest / name)) for name in PACKED if (work / name).is_file()]
-    with tarfile.open(dest / "live_tail_logs.tar.xz", "w:xz") as tar:
-        for pattern in IN_TAR:
-            for path in sorted(work.glob(pattern)):
-                tar.add(path, arcname=path.name)
-    return [*out, dest / "live_tail_logs.tar.xz"]
+    return pack_outputs(work, dest, PACKED, IN_TAR, "live_tail_logs.tar.xz")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     d = RunConfig(out=Path("."), model_dir=Path("."))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="work folder (rollouts, metrics, report, logs)")
     p.add_argument("--pack", type=Path, default=None, help="copy what comes back here (4 files)")
-    p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
+    add_model_dir(p)
     p.add_argument("--engine", default=d.engine, choices=ENGINES)
     p.add_argument("--device", default=d.device)
-    for f in fields(RunConfig):
-        if f.name not in ("out", "model_dir", "pack", "engine", "device"):
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+    add_field_flags(p, d, skip=("out", "model_dir", "pack", "engine", "device"))
     a = p.parse_args(argv)
-    model_dir = a.model_dir or default_model_dir()
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        p.error(f"--model-dir {model_dir}: no config.json there (run host.sh stages 1-3 first, or pass the converted dir)")
-    values = {k: v for k, v in vars(a).items() if k not in ("out", "model_dir", "pack")}
-    try:
-        return RunConfig(out=a.out, model_dir=model_dir, pack=a.pack, **values)
-    except ValueError as exc:
-        p.error(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}")
+    return config_from_args(p, RunConfig, a, model_dir_or_error(p, a.model_dir))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     clock = Clock()
-    config.out.mkdir(parents=True, exist_ok=True)
-    summary = None
-    try:
-        summary = run(config, clock)
-    finally:
-        if config.pack is not None:
-            pack(config.out, config.pack)
+    summary = run_and_pack(config, lambda: run(config, clock), pack)
     check = summary["arms"][CHECK]
     print(json.dumps({"verdict": summary["verdict"], "max_abs_diff": check["max_abs_diff"],
                       "failing_bins": check["failing_bins"], "reasons": check["reasons"]}, indent=1))

