@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from helpers.gpu_host_runs import ENV, GPU_HOST, assert_ran, embedded_model_dir, help_text, host_stage, packed, run_script
+from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]
 distill_gpu = importlib.import_module("distill_gpu")
@@ -204,7 +205,7 @@ def dry_run(tmp_path_factory):
     (tmp / "rule.json").write_text(json.dumps(rule))
     out = run_script("distill_gpu.py", str(tmp / "work"), "--pack", str(tmp / "out"),
                      "--rule", str(tmp / "rule.json"), "--model-dir", str(model_dir),
-                     "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", "31791",
+                     "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", str(free_port()),
                      "--total-tokens", "128", "--tight-budget", "64", "--looser-budget", "96", "--n-heldout-prompts", "2",
                      "--heldout-samples", "1", "--n-train-prompts", "2", "--batch", "2", "--epochs", "1", "--concurrency", "2",
                      "--deadline-s", "900", "--gen-until-s", "600", "--eval-reserve-s", "60", "--server-timeout-s", "240")

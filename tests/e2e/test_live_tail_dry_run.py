@@ -18,6 +18,7 @@ import pytest
 
 from helpers.gpu_host_runs import (GPU_HOST, assert_ran, embedded_model_dir, heavy_imports, help_text, host_stage, packed,
                                    run_script)
+from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]
 live_tail = importlib.import_module("live_tail")
@@ -208,7 +209,7 @@ def dry_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live-tail-dry")
     out = run_script("live_tail.py", str(tmp / "work"), "--pack", str(tmp / "out"),
                      "--model-dir", str(model_dir), "--engine", "reference", "--device", "cpu",
-                     "--threads", "1", "--port", "31792", "--total-tokens", "160", "--budget", "64", "--bin-tokens", "64",
+                     "--threads", "1", "--port", str(free_port()), "--total-tokens", "160", "--budget", "64", "--bin-tokens", "64",
                      "--rollouts", "8", "--floor-rollouts", "2", "--deadline-s", "800", "--server-timeout-s", "240")
     return tmp, out
 

@@ -20,6 +20,7 @@ import pytest
 
 from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_text, host_stage, packed,
                                    script_cmd)
+from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]
 served_adapter = importlib.import_module("served_adapter")
@@ -236,7 +237,7 @@ def dry_runs(tmp_path_factory):
     (tmp / "rule.json").write_text(json.dumps(rule))
     procs = {}
     # the zero adapter's run goes one request at a time, so that equality does not rest on batch invariance
-    for name, std, port, concurrency in (("random", 0.05, 31793, 2), ("zero", 0.0, 31794, 1)):
+    for name, std, port, concurrency in (("random", 0.05, free_port(), 2), ("zero", 0.0, free_port(), 1)):
         adapter = _adapter(model, tmp / "adapters" / name, std)
         cmd = script_cmd("served_adapter.py", str(tmp / name / "work"), "--pack", str(tmp / name / "out"),
                          "--adapter", str(adapter), "--model-dir", str(model), "--rule", str(tmp / "rule.json"), "--engine",
