@@ -18,6 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU_HOST = ROOT / "benchmarks" / "gpu_host"
 sys.path[:0] = [str(GPU_HOST)]
@@ -211,7 +213,7 @@ def dry_run(tmp_path_factory):
     (tmp / "rule.json").write_text(json.dumps(rule))
     cmd = [sys.executable, str(GPU_HOST / "distill_gpu.py"), str(tmp / "work"), "--pack", str(tmp / "out"),
            "--rule", str(tmp / "rule.json"), "--model-dir", str(converted_gguf_dir(embedded_gguf_path())),
-           "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", "31791",
+           "--rollouts", "server", "--engine", "reference", "--device", "cpu", "--threads", "1", "--port", str(free_port()),
            "--total-tokens", "128", "--tight-budget", "64", "--looser-budget", "96", "--n-heldout-prompts", "2",
            "--heldout-samples", "1", "--n-train-prompts", "2", "--batch", "2", "--epochs", "1", "--concurrency", "2",
            "--deadline-s", "900", "--gen-until-s", "600", "--eval-reserve-s", "60", "--server-timeout-s", "240"]
