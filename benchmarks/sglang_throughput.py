@@ -161,8 +161,9 @@ def run_parallel(size, backends, work_dir, out_dir, args, schedule):
                 for i, b in enumerate(backends)}
         done = {}
         for fut in as_completed(futs):
-            done[futs[fut]] = fut.result()
-            save_partial(out_dir / f"partial-{size}-{futs[fut]}.json", done[futs[fut]][0])
+            backend = futs[fut]
+            done[backend] = fut.result()
+            save_partial(out_dir / f"partial-{size}-{backend}.json", done[backend][0])
     return {b: done[b][0] for b in backends}, done[backends[0]][1]
 
 

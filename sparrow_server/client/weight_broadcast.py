@@ -238,10 +238,9 @@ class WeightBroadcaster:
         for call in posts.values():
             call.done.wait(self.config.http_timeout_s + 5)
         failures = {u: p.error or TimeoutError("no answer") for u, p in posts.items() if p.error or not p.done.is_set()}
-        if mine.error is not None:
-            self.broken = f"the trainer's side of {action} failed: {mine.error}"
         if failures or mine.error is not None:
-            self.broken = self.broken or f"{action} failed on a server"
+            self.broken = (f"the trainer's side of {action} failed: {mine.error}" if mine.error is not None
+                           else f"{action} failed on a server")
             raise FleetError(action, {u: p.value for u, p in posts.items() if u not in failures}, failures,
                              trainer_error=mine.error)
         return {u: p.value for u, p in posts.items()}, mine.value
