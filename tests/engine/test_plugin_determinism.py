@@ -153,8 +153,76 @@ def test_the_scheduler_hook_sets_the_alignment_only_where_sglang_did_not(monkeyp
         D.after_init_deterministic_config(None, s)
         assert s.truncation_align_size == want
     seen = []
-    D.install(types.SimpleNamespace(register=lambda *a: seen.append(a)), types.SimpleNamespace(AFTER="after"))
-    assert seen == [(D.CONFIG_TARGET, D.after_init_deterministic_config, "after")]
+    D.install(types.SimpleNamespace(register=lambda *a: seen.append(a)),
+              types.SimpleNamespace(AFTER="after", AROUND="around"))
+    assert seen == [(D.CONFIG_TARGET, D.after_init_deterministic_config, "after"),
+                    (D.ADD_REQ_TARGET, D.around_add_one_req, "around")]
+
+
+def test_an_admission_cut_is_rounded_down_to_the_alignment():
+    assert D.aligned_cut(8192 - 6320, 2608, 4096) == 0      # the GPU case: 1,872 tokens left, the request waits
+    assert D.aligned_cut(5000, 9000, 4096) == 4096
+    assert D.aligned_cut(8192, 20000, 4096) == 8192
+    assert D.aligned_cut(-16, 100, 4096) == 0
+    for unchanged in ((8192, 2608, 4096), (2608, 2608, 4096), (None, 9000, 4096), (5000, 9000, None)):
+        assert D.aligned_cut(*unchanged) is None, unchanged
+
+
+class _Adder:
+    """SGLang 0.5.17's ``PrefillAdder`` as far as the hook reads it; ``add_one_req`` cuts an ignore_eos
+    request where the chunk budget ends, as ``add_one_req_ignore_eos`` does (``schedule_policy.py:1038``)."""
+
+    def __init__(self, rem_chunk_tokens, queued=0, radix_cache=False):
+        self.rem_chunk_tokens = rem_chunk_tokens
+        self.can_run_list = [object()] * queued
+        self.tree_cache = types.SimpleNamespace(disable=not radix_cache)
+        self.cuts = []
+
+    def add_one_req(self, req, has_chunked_req, truncation_align_size):
+        n = len(req.full_untruncated_fill_ids)
+        cut = min(n, self.rem_chunk_tokens)
+        self.cuts.append(cut)
+        self.rem_chunk_tokens -= cut
+        self.can_run_list.append(req)
+        return "CONTINUE" if self.rem_chunk_tokens > 0 else "OTHER"
+
+
+def _req(n, ignore_eos=True):
+    return types.SimpleNamespace(full_untruncated_fill_ids=[0] * n, prefix_indices=[],
+                                 sampling_params=types.SimpleNamespace(ignore_eos=ignore_eos))
+
+
+def _admit(adder, req, align=4096):
+    return D.around_add_one_req(_Adder.add_one_req, adder, req, has_chunked_req=False, truncation_align_size=align)
+
+
+def test_an_ignore_eos_request_is_cut_at_the_alignment_or_waits(monkeypatch, caplog):
+    """SGLang's ignore_eos admission cuts where the batch's budget ends; under the hook the cut is a multiple
+    of the alignment, what it used comes off the real budget, and a request with less than one tile left
+    waits (its prefill then never depends on the batch it came with)."""
+    import sys
+
+    other = types.SimpleNamespace(AddReqResult=types.SimpleNamespace(OTHER="OTHER"))
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.schedule_policy", other)
+    monkeypatch.setattr(D, "_logged_ignore_eos", False)
+    caplog.set_level("INFO", logger=D.__name__)
+    adder = _Adder(8192 - 6320, queued=3)  # the GPU case's mixed batch: 1,872 tokens left for a 2,608-token prompt
+    assert _admit(adder, _req(2608)) == "OTHER" and adder.cuts == [] and adder.rem_chunk_tokens == 1872
+    assert caplog.messages == [D.IGNORE_EOS_LINE % 4096]
+    adder = _Adder(5000, queued=1)
+    assert _admit(adder, _req(9000)) == "OTHER" and adder.cuts == [4096] and adder.rem_chunk_tokens == 904
+    adder = _Adder(8192)
+    _admit(adder, _req(2608))
+    assert adder.cuts == [2608] and adder.rem_chunk_tokens == 8192 - 2608  # fits whole: untouched
+    for adder, req in ((_Adder(1872, queued=3), _req(2608, ignore_eos=False)),  # SGLang's own path aligns it
+                       (_Adder(1872, queued=3, radix_cache=True), _req(2608)),
+                       (_Adder(1872), _req(2608))):  # an empty batch takes it unaligned rather than stall
+        _admit(adder, req)
+        assert adder.cuts == [1872], adder.cuts
+    adder = _Adder(1872, queued=3)
+    _admit(adder, _req(2608), align=None)  # outside deterministic inference: untouched
+    assert adder.cuts == [1872]
+    assert len(caplog.messages) == 1  # logged once per process
 
 
 def test_the_gpu_case_is_planned_as_intended(tmp_path):

@@ -14,7 +14,7 @@ from sparrow_server.sglang_plugin.scheduler import determinism, exact_hooks, hoo
 @pytest.mark.parametrize("target", [hooks.ALLOC_TARGET, hooks.INIT_NEW_TARGET, hooks.REPLAY_VIEW_TARGET,
                                     landmarks.FLUSH_TARGET, weight_preflight.PREFLIGHT_TARGET,
                                     exact_hooks.SAMPLE_TARGET, exact_hooks.LOGITS_TARGET, exact_hooks.ABORT_TARGET,
-                                    determinism.CONFIG_TARGET])
+                                    determinism.CONFIG_TARGET, determinism.ADD_REQ_TARGET])
 def test_hook_target_resolves(target):
     pytest.importorskip("sglang", reason="SGLang not installed (CPU CI); the GPU runs exercise the hooks")
     obj_path, attr = target.rsplit(".", 1)
@@ -90,7 +90,8 @@ def test_register_installs_the_backend_and_both_halves_hooks(monkeypatch):
             (landmarks.FLUSH_TARGET, "after"), (landmarks.RESUME_TARGET, "after"),
             (hooks.INIT_NEW_TARGET, "after"), (exact_hooks.SAMPLE_TARGET, "before"),
             (exact_hooks.LOGITS_TARGET, "around"), (exact_hooks.ABORT_TARGET, "after"),
-            (determinism.CONFIG_TARGET, "after"), (weight_preflight.PREFLIGHT_TARGET, "around")]
+            (determinism.CONFIG_TARGET, "after"), (determinism.ADD_REQ_TARGET, "around"),
+            (weight_preflight.PREFLIGHT_TARGET, "around")]
     assert registered == once + once
 
 

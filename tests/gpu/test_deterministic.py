@@ -34,13 +34,17 @@ pytestmark = pytest.mark.gpu
 ATTN_SCALE = 2.0
 # The radix cache is left to SGLang: deterministic inference turns it off for a backend outside its
 # radix-compatible list (checked below). A capped KV pool: the suite runs this module beside others.
-COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-tokens", "65536", "--cuda-graph-max-bs", "8",
+COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-tokens", "65536", "--chunked-prefill-size", "8192",
+          "--cuda-graph-max-bs", "8",
           "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8", "--attention-backend", "sparrow",
           "--enable-deterministic-inference"]
 PORT = 31800 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))  # beside the other modules of a suite part
 SPLIT_LINE = "KV split eager DecodeSplit(use_tensor_cores=True, fixed_split_size=128, disable_split_kv=False) / " \
              "graph DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)"
 ALIGN_LINE = "sparrow: deterministic inference: chunked prefill aligned to 4096 tokens"
+# The mixed batch's fourth prompt (2,600 tokens, 1,872 left in the first 8,192-token batch) is ignore_eos:
+# SGLang's own admission of it cuts unaligned; this line says the plug-in's hook aligned it.
+IGNORE_EOS_LINE = "sparrow: deterministic inference: ignore_eos prefill cuts aligned to 4096 tokens"
 
 
 def _out(tmp) -> Path:
@@ -122,6 +126,7 @@ def test_the_server_runs_sparrow_deterministically(graph, eager, mode):
                         "disable_radix_cache": True}, server["settings"]
     assert SPLIT_LINE in server["log"]
     assert ALIGN_LINE in server["log"]  # the plug-in's hook ran: chunked prefill cut as SGLang cuts flashinfer's
+    assert IGNORE_EOS_LINE in server["log"]  # and its admission hook, on the ignore_eos requests sent here
 
 
 def test_the_outputs_are_informative(graph):

@@ -19,6 +19,14 @@ a request's partial softmax states, and the order they are merged in, depend on 
 only when ``--attention-backend flashinfer`` (``managers/scheduler.py:1479-1494``); sparrow's prefill
 is FlashInfer's, so the plug-in sets the same alignment for it (``install``: an AFTER hook on
 ``Scheduler.init_deterministic_inference_config``).
+
+SGLang applies that alignment in ``PrefillAdder.add_one_req`` only: a request with ``ignore_eos`` and
+the radix cache off (as deterministic inference leaves it for sparrow) is admitted by
+``add_one_req_ignore_eos`` (``managers/schedule_policy.py:1071``), which cuts it wherever the batch's
+chunk budget ends. The cut then moves with the batch, and with it the request's prefill: on the GPU
+the 2,600-token prompt cut at 1,872 tokens in one batch and whole in another gave first-token
+logprobs 0.17 apart (``tests/gpu/test_deterministic.py``). ``around_add_one_req`` gives that path the
+same rule as the other: a cut at a multiple of the alignment, or the request waits for the next batch.
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ ENV_PREFILL_SPLIT_TILE = "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"  # SGLang's
 DEFAULT_DECODE_SPLIT_TOKENS = 2048   # SGLang 0.5.17's defaults of the two
 DEFAULT_PREFILL_SPLIT_TOKENS = 4096
 CONFIG_TARGET = "sglang.srt.managers.scheduler.Scheduler.init_deterministic_inference_config"
+ADD_REQ_TARGET = "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req"
+IGNORE_EOS_LINE = "sparrow: deterministic inference: ignore_eos prefill cuts aligned to %d tokens"
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +132,52 @@ def after_init_deterministic_config(result, scheduler, *args, **kwargs):
     return None
 
 
+def aligned_cut(rem_chunk_tokens: int | None, extend_tokens: int, align: int | None) -> int | None:
+    """Tokens of a request the batch may prefill when its admission would cut it: None when nothing
+    changes (no alignment, no chunked prefill, the request fits whole), else the batch's chunk budget
+    rounded down to the alignment (0: the request waits for the next batch)."""
+    if align is None or rem_chunk_tokens is None or extend_tokens <= rem_chunk_tokens:
+        return None
+    return align * (max(rem_chunk_tokens, 0) // align)
+
+
+def _admitted_as_ignore_eos(adder, req) -> bool:
+    """SGLang 0.5.17's own test for ``add_one_req_ignore_eos`` (``schedule_policy.py:1071``)."""
+    return bool(req.sampling_params.ignore_eos) and getattr(adder.tree_cache, "disable", True)
+
+
+_logged_ignore_eos = False
+
+
+def around_add_one_req(original, adder, req, has_chunked_req, truncation_align_size=None):
+    """AROUND ``PrefillAdder.add_one_req``: an ignore_eos request's cut aligned as any other's."""
+    global _logged_ignore_eos
+    if not _admitted_as_ignore_eos(adder, req):
+        return original(adder, req, has_chunked_req, truncation_align_size)
+    cut = aligned_cut(adder.rem_chunk_tokens, len(req.full_untruncated_fill_ids) - len(req.prefix_indices),
+                      truncation_align_size)
+    if cut is None or (cut == 0 and not adder.can_run_list):  # an empty batch takes it unaligned, never stalls
+        return original(adder, req, has_chunked_req, truncation_align_size)
+    if not _logged_ignore_eos:
+        _logged_ignore_eos = True
+        logger.info(IGNORE_EOS_LINE, truncation_align_size)
+    if cut == 0:
+        from sglang.srt.managers.schedule_policy import AddReqResult
+
+        return AddReqResult.OTHER
+    budget = adder.rem_chunk_tokens
+    adder.rem_chunk_tokens = cut
+    try:
+        return original(adder, req, has_chunked_req, truncation_align_size)
+    finally:
+        adder.rem_chunk_tokens += budget - cut  # what the cut used comes off the batch's real budget
+
+
 def install(hook_registry, hook_type) -> None:
     hook_registry.register(CONFIG_TARGET, after_init_deterministic_config, hook_type.AFTER)
+    hook_registry.register(ADD_REQ_TARGET, around_add_one_req, hook_type.AROUND)
 
 
 __all__ = ["DecodeSplit", "FLASHINFER_CHOICE", "decode_split", "backend_splits", "truncation_align_size",
-           "after_init_deterministic_config", "install", "CONFIG_TARGET"]
+           "after_init_deterministic_config", "aligned_cut", "around_add_one_req", "install", "CONFIG_TARGET",
+           "ADD_REQ_TARGET"]
