@@ -215,3 +215,45 @@ def test_a_bad_parameter_is_ignored_with_a_warning(world, caplog):
     req = _req("bad", {exact_wire.KEEP_PARAM: {"offset": 0, "stride": 0}})
     fb = _decode([req], [P + 1])
     assert getattr(fb, exact_hooks.CAPTURES_ATTR) == [] and "stride" in caplog.text
+
+
+def test_a_step_is_dense_exactly_where_the_backend_attends_every_page():
+    """``attends_every_page`` agrees with the backend's plan (``plan_request``: count == pages) at every
+    length around a budget's edge, for a fixed budget, a per-bin preset and the dense schedule."""
+    from sparrow_server.sglang_plugin.scheduler.planning import plan_request
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+    from sparrow_server.sparsity.schedule import Schedule, dense_schedule
+
+    state.reset()
+    try:
+        table = state.table(8)
+        fixed = Schedule(name="fixed-256", budgets_tokens=(256,), bin_tokens=10**9)
+        cases = {1: (fixed, 100), 2: (ScheduleRegistry().get("qwen3-1.7b-0.86"), 1000), 3: (dense_schedule(), 50)}
+        for row, (schedule, prompt) in cases.items():
+            table.assign(row, schedule, prompt)
+            req = types.SimpleNamespace(req_pool_idx=row)
+            for length in [*range(200, 300), *range(2000, 2100, 7), 40000]:
+                n, count, *_ = plan_request(schedule, length, prompt, 16, 10**6)
+                assert exact_hooks.attends_every_page(req, length) == (count == n), (schedule.name, length)
+        req = types.SimpleNamespace(req_pool_idx=1)
+        assert exact_hooks.attends_every_page(req, 256) and not exact_hooks.attends_every_page(req, 257)
+        assert not exact_hooks.attends_every_page(types.SimpleNamespace(), 10)  # no row: measured
+    finally:
+        state.reset()
+    assert not exact_hooks.attends_every_page(types.SimpleNamespace(req_pool_idx=1), 10)  # no table: measured
+
+
+def test_a_dense_step_scores_one_and_keeps_no_row(world, monkeypatch):
+    """Kept positions whose step attended every page (here: positions below 20) are 1 by construction,
+    without a stored row or a dense comparison; the others are measured as before. The prefill's
+    position 0 is such a step."""
+    monkeypatch.setattr(exact_hooks, "attends_every_page", lambda req, length: length - P < 20)
+    kept = KeptPositions(offset=0, stride=8)  # 0, 8, 16, 24, 32
+    _rollout(world, kept=kept)
+    entry = state.exact_store().entry("r1")
+    assert sorted(entry.rows) == [24, 32] and entry.scores == {0: 1.0, 8: 1.0, 16: 1.0}
+    payload = _payload(_verify(world, kept=kept))
+    assert payload["positions"] == [0, 8, 16, 24, 32] and payload["missing"] == []
+    assert payload["acceptance"][:3] == [1.0, 1.0, 1.0]
+    assert np.abs(np.array(payload["acceptance"][3:]) - _truth(world, [24, 32])).max() < TOL
+    assert min(_truth(world, [0, 8, 16])) < 0.99  # measuring those rows would have given other values

@@ -5,6 +5,8 @@ per batch and step.
 - AFTER ``ForwardBatch.init_new``: on the host, from the batch's CPU lengths, which rows of this
   batch's next-token logits are kept positions (``CAPTURES_ATTR``) and which requests are verify
   prefills (``VERIFY_ATTR``, also kept as the pending extend's jobs, see ``around_logits_forward``).
+  A kept decode position whose request's schedule covers its length (every page attended) is the dense
+  step: its value is 1 and no row is kept (``exact_rows``).
 - BEFORE ``ModelRunner.sample``: copy the kept rows as float16 ``logits - max``. ``sample`` runs after
   the forward, outside any CUDA graph (the decode graph captures the logits processor; its output
   buffer is read here, before the next replay overwrites it, in stream order), and before the
@@ -19,12 +21,14 @@ per batch and step.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.scheduler.exact_rows import decode_captures, extend_captures
 from sparrow_server.sglang_plugin.scheduler.exact_verify import finish, publish, score_chunk, verify_jobs
 from sparrow_server.sglang_plugin.scheduler.hooks import INIT_NEW_TARGET, schedule_batch
+from sparrow_server.sparsity.schedule import attended_pages
 from sparrow_server.stats.acceptance import compact_logits
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,17 @@ VERIFY_ATTR = "sparrow_exact_verify"
 _pending: tuple[tuple[int, ...], list] | None = None  # (extend lengths, verify jobs) of the extend being run
 
 
+def attends_every_page(req: Any, length: int) -> bool:
+    """Whether ``req``'s decode step at ``length`` tokens attends every page on every sparse layer (its
+    schedule's budget covers the length, as the backend plans it: ``planning.plan_request``)."""
+    table, row = state.schedule_table(), getattr(req, "req_pool_idx", None)
+    if table is None or row is None:
+        return False
+    schedule = table.schedule_of(int(row))
+    pages = max(math.ceil(length / schedule.page_size), 1)
+    return attended_pages(schedule, length, int(table.prompt_len[int(row)])) >= pages
+
+
 def after_init_new(result, *args, **kwargs):
     global _pending
     batch = schedule_batch(args, kwargs)
@@ -50,7 +65,7 @@ def after_init_new(result, *args, **kwargs):
         if seq_lens is None:
             seq_lens = getattr(batch, "seq_lens_cpu", None)
         if seq_lens is not None:
-            setattr(result, CAPTURES_ATTR, decode_captures(batch.reqs, seq_lens))
+            setattr(result, CAPTURES_ATTR, decode_captures(batch.reqs, seq_lens, attends_every_page))
         return None
     prefix, extend = getattr(result, "extend_prefix_lens_cpu", None), getattr(result, "extend_seq_lens_cpu", None)
     if not mode.is_extend() or prefix is None or extend is None:
@@ -69,7 +84,9 @@ def before_sample(runner, logits_output, forward_batch, *args, **kwargs):
         return None
     store = state.exact_store()
     for c in captures:
-        if c.index < logits.shape[0]:
+        if c.dense:
+            store.put_dense(c.rid, c.kept, c.position)
+        elif c.index < logits.shape[0]:
             store.put(c.rid, c.kept, c.position, compact_logits(logits[c.index]))
     return None
 
@@ -144,5 +161,5 @@ def install(hook_registry, hook_type) -> None:
     hook_registry.register(ABORT_TARGET, after_abort, hook_type.AFTER)
 
 
-__all__ = ["install", "after_init_new", "before_sample", "around_logits_forward", "after_abort", "SAMPLE_TARGET",
+__all__ = ["install", "attends_every_page", "after_init_new", "before_sample", "around_logits_forward", "after_abort", "SAMPLE_TARGET",
            "LOGITS_TARGET", "ABORT_TARGET"]

@@ -9,6 +9,12 @@ Which batch row is which position is decided on the host (``decode_captures``/``
 from the batch's CPU lengths: no device sync). Generated position ``g`` is predicted by the forward
 whose sequence, the input token included, holds ``prompt_len + g`` tokens.
 
+A kept position whose step attended every page of the sequence on every layer (the prefill's position
+0, a request whose budget still covers its length, the dense schedule) is the dense step itself: its
+acceptance is 1 by construction and no row is kept (``put_dense``). Measuring it would report the
+numeric difference between the decode and verify kernels instead (p5 0.966 on SmolLM2-135M at 8K
+tokens, H200: ``benchmarks/results/fidelity/live_tail_gpu/``), which no budget can change.
+
 Bounded: at most ``max_bytes`` of rows (a row past it is refused and its position reported missing,
 never evicting rows already kept, which would bias the sample toward short requests) and entries
 older than ``ttl_s`` are dropped (a verify request that never came: its rollout was dropped, failed
@@ -87,16 +93,27 @@ class RowStore:
         self.bytes += size
         return True
 
+    def put_dense(self, rid: str, kept: KeptPositions, position: int) -> None:
+        """``position`` ran the dense step (every page attended): acceptance 1, no row kept."""
+        entry = self.open(rid, kept)
+        self._drop_row(entry, position)
+        entry.scores[position] = 1.0
+
     def mark_invalid(self, rid: str, kept: KeptPositions, position: int) -> None:
         entry = self.open(rid, kept)
+        self._drop_row(entry, position)
+        entry.scores.pop(position, None)
+        entry.invalid.add(position)
+
+    def _drop_row(self, entry: Entry, position: int) -> None:
         old = entry.rows.pop(position, None)
         if old is not None:
             self.bytes -= old.numel() * old.element_size()
-        entry.invalid.add(position)
 
     def has_row(self, rid: str, position: int) -> bool:
+        """A row kept for ``position``, or its value already known (a dense step)."""
         entry = self._entries.get(rid)
-        return entry is not None and position in entry.rows
+        return entry is not None and (position in entry.rows or position in entry.scores)
 
     def free(self, rid: str) -> None:
         entry = self._entries.pop(rid, None)
@@ -150,34 +167,40 @@ def req_verify(req: Any) -> exact_wire.ExactVerify | None:
 # ---- which rows of a batch to keep ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Capture:
-    """Keep row ``index`` of the batch's next-token logits as request ``rid``'s position ``position``."""
+    """Keep row ``index`` of the batch's next-token logits as request ``rid``'s position ``position``
+    (``dense``: the step attended every page; its value is 1, no row is kept)."""
 
     index: int
     rid: str
     kept: KeptPositions
     position: int
+    dense: bool = False
 
 
 def _prompt_len(req: Any) -> int:
     return len(getattr(req, "origin_input_ids", ()) or ())
 
 
-def decode_captures(reqs: Sequence[Any], seq_lens: Sequence[int]) -> list[Capture]:
-    """Decode: request ``i``'s row predicts position ``seq_lens[i] - prompt_len`` (its input token included)."""
+def decode_captures(reqs: Sequence[Any], seq_lens: Sequence[int],
+                    attends_every_page: Callable[[Any, int], bool] | None = None) -> list[Capture]:
+    """Decode: request ``i``'s row predicts position ``seq_lens[i] - prompt_len`` (its input token included);
+    ``attends_every_page(req, seq_len)``: whether that step is the dense one (None: never assumed)."""
     out = []
     for i, req in enumerate(reqs):
         kept = req_keep(req)
         if kept is None:
             continue
-        position = int(seq_lens[i]) - _prompt_len(req)
+        length = int(seq_lens[i])
+        position = length - _prompt_len(req)
         if position >= 0 and kept.is_kept(position):
-            out.append(Capture(i, req.rid, kept, position))
+            dense = attends_every_page is not None and attends_every_page(req, length)
+            out.append(Capture(i, req.rid, kept, position, dense))
     return out
 
 
 def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens: Sequence[int],
                     store: RowStore) -> list[Capture]:
-    """Extend: only a fresh prefill's last row (position 0, the dense prefill as the bound sees it) is kept.
+    """Extend: only a fresh prefill's last row is kept: position 0, a dense step (the prefill attends every page).
 
     A row for a later position comes from a re-prefill after a retraction (or a mixed batch): it ran
     the dense extend path, not sparse decode, so that kept position is marked invalid (reported
@@ -192,7 +215,7 @@ def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens
         if position < 0 or not kept.is_kept(position):
             continue  # a middle chunk of the prompt, or a position not kept
         if position == 0:
-            out.append(Capture(i, req.rid, kept, 0))
+            out.append(Capture(i, req.rid, kept, 0, dense=True))
         elif not store.has_row(req.rid, position):
             store.mark_invalid(req.rid, kept, position)
     return out

@@ -42,6 +42,11 @@ def table(num_rows: int) -> ScheduleTable:
     return _table
 
 
+def schedule_table() -> ScheduleTable | None:
+    """The schedule side table if this process created it (the first batch's allocation does)."""
+    return _table
+
+
 def exact_store() -> RowStore:
     """The sparse rows kept for exact acceptance (``exact_rows``), bounded by ``SPARROW_EXACT_MAX_MIB``."""
     global _exact
