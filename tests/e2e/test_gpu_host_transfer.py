@@ -90,17 +90,23 @@ def test_a_wrong_whole_file_hash_is_refused(tmp_path):
     assert not (tmp_path / "out.gguf").exists()
 
 
-def test_prepare_keeps_every_call_under_the_limit(tmp_path):
-    """A 98 MiB model beside a 45 MiB wheel archive and a 4 MiB kit: three calls, each <= 64 MiB
-    counting the repo's tree and the code archive, the kit only in the first."""
+def _repo_with_kit(tmp_path, tracked_mib: int):
+    """A checkout with ``tracked_mib`` MiB in its tree, a 45 MiB wheel archive and a 4 MiB kit (ignored)."""
     repo = tmp_path / "main"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "tracked.txt").write_bytes(os.urandom(3 * T.MIB))
+    (repo / "tracked.txt").write_bytes(os.urandom(tracked_mib * T.MIB))
     (repo / ".git" / "info" / "exclude").write_text("/.whl*/\n/.kit/\n/.gpu*/\n/.model*/\n")
     (repo / ".whl").mkdir()
     (repo / ".whl" / "wheels-part1.tar.xz").write_bytes(b"\0" * (45 * T.MIB))
     (repo / ".kit").mkdir()
     (repo / ".kit" / "cache.tar.xz").write_bytes(b"\0" * (4 * T.MIB))
+    return repo
+
+
+def test_prepare_keeps_every_call_under_the_limit(tmp_path):
+    """A 98 MiB model beside a 45 MiB wheel archive and a 4 MiB kit: three calls, each <= 64 MiB
+    counting the repo's tree and the code archive, the kit only in the first."""
+    repo = _repo_with_kit(tmp_path, tracked_mib=3)
     (repo / ".model7").mkdir()  # a stale part from an earlier plan is removed
     gguf = _random_file(tmp_path / "model.gguf", 98 * T.MIB + 12345)
     plan = T.prepare(repo, gguf, REPO, margin=T.DEFAULT_MARGIN_BYTES)
@@ -121,14 +127,7 @@ def test_prepare_keeps_every_call_under_the_limit(tmp_path):
 def test_prepare_refuses_a_first_call_the_device_would_refuse(tmp_path):
     """The kit beside a tree that leaves it no room: the first call alone is over the limit (the model's
     part 1 is empty then, which hid it): prepare says so and names what to move aside."""
-    repo = tmp_path / "main"
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    (repo / "tracked.txt").write_bytes(os.urandom(16 * T.MIB))
-    (repo / ".git" / "info" / "exclude").write_text("/.whl*/\n/.kit/\n/.gpu*/\n/.model*/\n")
-    (repo / ".whl").mkdir()
-    (repo / ".whl" / "wheels-part1.tar.xz").write_bytes(b"\0" * (45 * T.MIB))
-    (repo / ".kit").mkdir()
-    (repo / ".kit" / "cache.tar.xz").write_bytes(b"\0" * (4 * T.MIB))
+    repo = _repo_with_kit(tmp_path, tracked_mib=16)
     gguf = _random_file(tmp_path / "model.gguf", 10 * T.MIB)
     with pytest.raises(T.TransferError, match=r"call 1 would send 65\.\d\d MiB .*benchmarks/results"):
         T.prepare(repo, gguf, REPO, margin=T.DEFAULT_MARGIN_BYTES)
