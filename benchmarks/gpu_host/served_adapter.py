@@ -6,7 +6,9 @@ and would the autopilot then pick the tighter budget? One device call, after sta
    modules and rank) and exact acceptance at the kept positions of verified requests (``SPARROW_EXACT_STRIDE``);
    ``--verify-fraction 0`` (only these requests verify). The adapter is loaded with ``POST /adapters``.
 2. Three arms on fixed-budget schedules (1 sink + 2 recent pages, layers 0-1 dense, as the distill run):
-   the tight budget without and with the adapter, and the next-larger (looser) budget without it. The held-out
+   the tight budget without and with the adapter, and the next-larger (looser) budget without it (``--grid-budgets``:
+   more budgets without it, between the two, so that the report can say where the autopilot would settle without the
+   adapter; one arm each, the same rollouts per arm: ``--heldout-samples 1`` keeps the call's length). The held-out
    prompts of the distill run (the 40 fidelity prompts) x its samples, each arm with the same seeds, temperature
    1, ``ignore_eos``, sequences of ``--total-tokens``, ``verify: true``, all in flight ``--concurrency`` at a time,
    the arms interleaved (a run cut by its deadline leaves the arms even). Each arm samples its own tokens: the
@@ -79,6 +81,9 @@ class RunConfig:
     concurrency: int = 64  # requests in flight; graphs up to 64, as the distill run's server
     cuda_graph_max_bs: int = 64
     targets: str = ""  # more autopilot targets, comma-separated (the automatic one is always there)
+    # more budgets without the adapter, comma-separated (e.g. 320,384,448): where between tight and looser the
+    # autopilot would settle without the adapter, so a gain that closes part of the gap shows as tokens saved
+    grid_budgets: str = ""
     autopilot_min_tokens: int = AUTOPILOT_MIN_TOKENS
     deadline_s: float = 470.0
     reserve_s: float = 30.0
@@ -106,16 +111,33 @@ class RunConfig:
         for t in self.target_list:
             if not 0 < t < 1:
                 raise ValueError(f"targets = {self.targets!r}: each must be in (0, 1)")
+        for b in self.grid_list:
+            if b % PAGE or b < MIN_BUDGET or b in (self.tight_budget, self.looser_budget) or b > self.total_tokens - PAGE:
+                raise ValueError(f"grid_budgets = {self.grid_budgets!r}: each whole {PAGE}-token pages, at least "
+                                 f"{MIN_BUDGET}, under total_tokens, neither the tight nor the looser budget")
 
     @property
     def target_list(self) -> list[float]:
         return [float(t) for t in self.targets.split(",") if t.strip()]
 
+    @property
+    def grid_list(self) -> list[int]:
+        try:
+            return sorted({int(b) for b in self.grid_budgets.split(",") if b.strip()})
+        except ValueError:
+            raise ValueError(f"grid_budgets = {self.grid_budgets!r}: comma-separated token counts") from None
+
+    @property
+    def budgets(self) -> list[int]:
+        return sorted({self.tight_budget, self.looser_budget, *self.grid_list})
+
     def arms(self) -> dict[str, dict[str, Any]]:
-        """{arm: {"budget", "adapter"}}: the tight budget without and with the adapter, the looser without."""
+        """{arm: {"budget", "adapter"}}: the tight budget without and with the adapter, the looser without, and
+        each grid budget without."""
         return {f"tight-{self.tight_budget}": {"budget": self.tight_budget, "adapter": None},
                 f"tight-{self.tight_budget}+adapter": {"budget": self.tight_budget, "adapter": self.adapter_name},
-                f"looser-{self.looser_budget}": {"budget": self.looser_budget, "adapter": None}}
+                f"looser-{self.looser_budget}": {"budget": self.looser_budget, "adapter": None},
+                **{f"grid-{b}": {"budget": b, "adapter": None} for b in self.grid_list}}
 
 
 log = logger("served_adapter")
@@ -248,7 +270,7 @@ def run(config: RunConfig, clock: Clock) -> dict[str, Any]:
 
     rule = load_rule(config.rule)
     adapter = adapter_info(config.adapter)
-    sched = {b: schedule_for(b, rule.bin_tokens) for b in (config.tight_budget, config.looser_budget)}
+    sched = {b: schedule_for(b, rule.bin_tokens) for b in config.budgets}
     cmd, env = server_command(config, adapter)
     url = f"http://127.0.0.1:{config.port}"
     spawned = clock.elapsed()

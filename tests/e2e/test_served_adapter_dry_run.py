@@ -52,6 +52,9 @@ def test_help_is_fast_and_imports_nothing_heavy():
     (dict(engine="vllm"), "engine = 'vllm'"),
     (dict(reserve_s=600), "reserve_s = 600"),
     (dict(targets="0.8,1.2"), "targets = '0.8,1.2'"),
+    (dict(grid_budgets="320,390"), "grid_budgets = '320,390'"),
+    (dict(grid_budgets="256"), "grid_budgets = '256'"),
+    (dict(grid_budgets="384,x"), "grid_budgets = '384,x'"),
 ])
 def test_config_errors_name_the_field(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
@@ -154,6 +157,25 @@ def test_no_when_the_adapter_does_not_hold_and_undecided_below_min_tokens():
     few = _analyse(records, targets=[0.8], min_tokens=5000)["autopilot"][0]
     assert few["tighter_with_adapter"] == "undecided"
     assert {d["decision"] for r in few["bins"] for d in r["decisions"].values()} == {"no decision"}
+
+
+def test_grid_budgets_show_where_the_autopilot_settles_without_the_adapter(tmp_path):
+    """With a budget between tight and looser measured too, an adapter that closes part of the gap shows as a
+    tighter pick (the grid budget holds the target, the adapter's tight one too), and one that does not as none."""
+    config = served_adapter.RunConfig(out=tmp_path, model_dir=tmp_path, adapter=tmp_path, grid_budgets="448, 320,384")
+    assert list(config.arms()) == ["tight-256", "tight-256+adapter", "looser-512", "grid-320", "grid-384", "grid-448"]
+    assert config.budgets == [256, 320, 384, 448, 512] and config.arms()["grid-320"] == {"budget": 320, "adapter": None}
+    arms = {**ARMS, "grid-80": {"budget": 80, "adapter": None}}
+    analyse = lambda records: served_report.analyse(  # noqa: E731
+        records, arms, "looser-96", bin_tokens=128, min_bin_start=128, quantile=0.05, confidence=0.95, n_boot=50,
+        targets=[0.8], min_tokens=512, page_size=16, reserved_pages=3)["autopilot"][-1]  # the given target
+    base = _records("tight-64", 0.6) + _records("looser-96", 0.86, budget=96, seed=2) + _records("grid-80", 0.85, budget=80, seed=3)
+    holds = analyse(base + _records("tight-64+adapter", 0.85, seed=1))
+    assert holds["tighter_with_adapter"] == "yes"
+    assert all(r["without_adapter"]["budget"] == 80 and r["with_adapter"]["budget"] == 64 for r in holds["bins"] if r["qualifies"])
+    short = analyse(base + _records("tight-64+adapter", 0.7, seed=1))
+    assert short["tighter_with_adapter"] == "no"
+    assert all(r["without_adapter"]["budget"] == 80 and r["with_adapter"]["status"] == "above" for r in short["bins"] if r["qualifies"])
 
 
 def test_no_rollout_is_waited_for_past_the_deadline_and_the_report_covers_what_came_back(tmp_path):
