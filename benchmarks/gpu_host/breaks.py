@@ -117,8 +117,8 @@ BREAKS = (
           (f"{TP}::test_each_rank_builds_the_backend_over_its_own_kv_heads",
            f"{TP}::test_each_rank_selects_what_the_oracle_selects"), gpus=2),
     Break("exact_capture_off_by_one", "the decode row kept for generated position g is the one predicting g + 1",
-          EXACT_ROWS, "position = int(seq_lens[i]) - _prompt_len(req)",
-          "position = int(seq_lens[i]) - _prompt_len(req) - 1",
+          EXACT_ROWS, "position = length - _prompt_len(req)",
+          "position = length - _prompt_len(req) - 1",
           (f"{EXACT}::test_exact_values_match_the_full_logprobs_at_every_kept_position",)),
     Break("deterministic_split_ignored", "under deterministic inference the sparse plans keep tensor cores but "
           "leave the KV split to FlashInfer, which chooses it from the whole batch",
