@@ -205,6 +205,7 @@ def test_an_ignore_eos_request_is_cut_at_the_alignment_or_waits(monkeypatch, cap
     other = types.SimpleNamespace(AddReqResult=types.SimpleNamespace(OTHER="OTHER"))
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.schedule_policy", other)
     monkeypatch.setattr(D, "_logged_ignore_eos", False)
+    monkeypatch.setattr(D, "_warned_unaligned", False)
     caplog.set_level("INFO", logger=D.__name__)
     adder = _Adder(8192 - 6320, queued=3)  # the GPU case's mixed batch: 1,872 tokens left for a 2,608-token prompt
     assert _admit(adder, _req(2608)) == "OTHER" and adder.cuts == [] and adder.rem_chunk_tokens == 1872
@@ -222,7 +223,10 @@ def test_an_ignore_eos_request_is_cut_at_the_alignment_or_waits(monkeypatch, cap
     adder = _Adder(1872, queued=3)
     _admit(adder, _req(2608), align=None)  # outside deterministic inference: untouched
     assert adder.cuts == [1872]
-    assert len(caplog.messages) == 1  # logged once per process
+    info = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert info == [D.IGNORE_EOS_LINE % 4096]  # logged once per process
+    assert len(warnings) == 1 and "1872 tokens holds less than one 4096-token tile" in warnings[0]  # the empty batch
 
 
 def test_the_gpu_case_is_planned_as_intended(tmp_path):

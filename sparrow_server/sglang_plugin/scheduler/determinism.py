@@ -149,6 +149,18 @@ def _admitted_as_ignore_eos(adder, req) -> bool:
 _logged_ignore_eos = False
 
 
+_warned_unaligned = False
+
+
+def _warn_unaligned(budget: int, align: int) -> None:
+    global _warned_unaligned
+    if not _warned_unaligned:
+        _warned_unaligned = True
+        logger.warning("sparrow: deterministic inference: a prefill batch of %d tokens holds less than one %d-token "
+                       "tile; ignore_eos requests longer than it are cut unaligned and depend on their batch "
+                       "(raise --chunked-prefill-size to a multiple of %d)", budget, align, align)
+
+
 def around_add_one_req(original, adder, req, has_chunked_req, truncation_align_size=None):
     """AROUND ``PrefillAdder.add_one_req``: an ignore_eos request's cut aligned as any other's."""
     global _logged_ignore_eos
@@ -156,7 +168,10 @@ def around_add_one_req(original, adder, req, has_chunked_req, truncation_align_s
         return original(adder, req, has_chunked_req, truncation_align_size)
     cut = aligned_cut(adder.rem_chunk_tokens, len(req.full_untruncated_fill_ids) - len(req.prefix_indices),
                       truncation_align_size)
-    if cut is None or (cut == 0 and not adder.can_run_list):  # an empty batch takes it unaligned, never stalls
+    if cut is None:
+        return original(adder, req, has_chunked_req, truncation_align_size)
+    if cut == 0 and not adder.can_run_list:  # an empty batch takes it unaligned rather than stall
+        _warn_unaligned(adder.rem_chunk_tokens, truncation_align_size)
         return original(adder, req, has_chunked_req, truncation_align_size)
     if not _logged_ignore_eos:
         _logged_ignore_eos = True
