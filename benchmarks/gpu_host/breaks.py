@@ -36,6 +36,7 @@ DETERMINISM = "sparrow_server/sglang_plugin/scheduler/determinism.py"
 DENSE_LAYERS = "tests/gpu/test_dense_layers.py"
 EXACT = "tests/gpu/test_exact_acceptance.py"
 EXACT_ROWS = "sparrow_server/sglang_plugin/scheduler/exact_rows.py"
+EXACT_HOOKS = "sparrow_server/sglang_plugin/scheduler/exact_hooks.py"
 DETERMINISTIC = "tests/gpu/test_deterministic.py"
 
 
@@ -120,6 +121,10 @@ BREAKS = (
           EXACT_ROWS, "position = length - _prompt_len(req)",
           "position = length - _prompt_len(req) - 1",
           (f"{EXACT}::test_exact_values_match_the_full_logprobs_at_every_kept_position",)),
+    Break("exact_dense_step_measured", "a kept position whose step attended every page is compared row against "
+          "row (the decode and verify kernels' bf16 difference) instead of scoring 1",
+          EXACT_HOOKS, "        if c.dense:", "        if False:",
+          (f"{EXACT}::test_a_dense_step_scores_one_where_measuring_would_not",)),
     Break("deterministic_split_ignored", "under deterministic inference the sparse plans keep tensor cores but "
           "leave the KV split to FlashInfer, which chooses it from the whole batch",
           BACKEND, "non_blocking=True, **split.plan_kwargs())", "non_blocking=True)",

@@ -8,8 +8,10 @@ every generated token), kept positions every 4th from offset 1; then the dense v
 completion with the same full top logprobs (the dense distribution predicting each completion token).
 The independent value is ``Σ min(p_sparse, p_dense)`` in float64 over those full lists; the plug-in's must
 match it within ``TOL`` at every kept position, none missing, and an off-by-one comparison must not (the
-check has teeth). A second verify request for the same rollout finds its rows freed. Results go to
-``$OUT/exact_acceptance.json``. Break ``exact_capture_off_by_one`` (``benchmarks/gpu_host/breaks.py``).
+check has teeth). A second verify request for the same rollout finds its rows freed. The same prompt under
+the dense schedule scores 1 at every kept position (the dense step), where the decode's and the verify's full
+logprobs differ. Results go to ``$OUT/exact_acceptance.json``. Breaks ``exact_capture_off_by_one`` and
+``exact_dense_step_measured`` (``benchmarks/gpu_host/breaks.py``).
 """
 from __future__ import annotations
 
@@ -104,7 +106,29 @@ def _run(base: str, rid: str) -> dict:
     independent = [_sigma_min(s, d) for s, d in zip(sparse_rows, dense_rows)]
     return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
             "again": again["meta_info"].get(exact_wire.RESULT_KEY), "independent": independent,
-            "shifted": [_sigma_min(s, d) for s, d in zip(sparse_rows[1:], dense_rows[:-1])]}
+            "shifted": [_sigma_min(s, d) for s, d in zip(sparse_rows[1:], dense_rows[:-1])],
+            "dense_schedule": _run_dense(base, rid + "-dense", prompt)}
+
+
+def _run_dense(base: str, rid: str, prompt: list[int]) -> dict:
+    """The same prompt under the dense schedule (every step attends every page): the plug-in scores its kept
+    positions 1 without comparing rows; the full logprobs of decode and verify say what measuring would give."""
+    rollout = _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
+                           "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
+                                               "sampling_seed": 7,
+                                               "custom_params": {**wire.encode_schedule(dense_schedule()),
+                                                                 **exact_wire.encode_keep(KEPT)}}})
+    completion = list(rollout["output_ids"])
+    verify = exact_wire.ExactVerify(rid, len(prompt), len(completion), KEPT)
+    dense = _post(base, {"input_ids": prompt + completion, "return_logprob": True, "top_logprobs_num": VOCAB,
+                         "logprob_start_len": len(prompt) - 1,
+                         "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
+                                             "custom_params": {**wire.encode_schedule(dense_schedule()),
+                                                               **exact_wire.encode_verify(verify)}}})
+    decode_rows = [_probs(row) for row in rollout["meta_info"]["output_top_logprobs"]]
+    verify_rows = [_probs(row) for row in dense["meta_info"]["input_top_logprobs"][-len(completion):]]
+    return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
+            "measured": [_sigma_min(s, d) for s, d in zip(decode_rows, verify_rows)]}
 
 
 def _serve(tmp, model, name: str, args: list[str]) -> dict:
@@ -145,3 +169,16 @@ def test_an_off_by_one_comparison_would_fail(result):
 def test_the_verify_pass_frees_the_rows(result):
     again = result["again"][0]
     assert again["positions"] == [] and again["missing"] == KEPT.positions(result["n"]).tolist()
+
+
+def test_a_dense_step_scores_one_where_measuring_would_not(result):
+    """Under the dense schedule every kept position is the dense step: its value is 1, none missing (break
+    ``exact_dense_step_measured`` compares the rows instead). The full logprobs of the decode and the verify
+    prefill differ somewhere, so comparing them would not give 1: the check can fail."""
+    dense = result["dense_schedule"]
+    payload = dense["payload"]
+    assert isinstance(payload, list) and len(payload) == 1, f"no exact payload in meta_info: {payload!r}"
+    kept = KEPT.positions(dense["n"]).tolist()
+    assert payload[0]["positions"] == kept and payload[0]["missing"] == []
+    assert payload[0]["acceptance"] == [1.0] * len(kept)
+    assert min(dense["measured"][g] for g in kept) < 1.0 - 1e-6, "decode and verify agree exactly: the check is vacuous"
