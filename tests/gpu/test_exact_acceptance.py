@@ -84,28 +84,40 @@ def _sigma_min(sparse: dict[int, float], dense: dict[int, float]) -> float:
     return sum(min(p, dense.get(i, 0.0)) for i, p in sparse.items())
 
 
+def _rollout(base: str, rid: str, prompt: list[int], schedule) -> dict:
+    """``NEW`` tokens at temperature 1 under ``schedule``, kept positions ``KEPT``, full top logprobs."""
+    return _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
+                        "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
+                                            "sampling_seed": 7, "custom_params": {**wire.encode_schedule(schedule),
+                                                                                  **exact_wire.encode_keep(KEPT)}}})
+
+
+def _verify(base: str, rid: str, prompt: list[int], completion: list[int]) -> dict:
+    """The dense verify prefill of prompt + completion for rollout ``rid``, with the full input top logprobs."""
+    verify = exact_wire.ExactVerify(rid, len(prompt), len(completion), KEPT)
+    return _post(base, {"input_ids": prompt + completion, "return_logprob": True, "top_logprobs_num": VOCAB,
+                        "logprob_start_len": len(prompt) - 1,
+                        "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
+                                            "custom_params": {**wire.encode_schedule(dense_schedule()),
+                                                              **exact_wire.encode_verify(verify)}}})
+
+
+def _rows(rollout: dict, verify: dict, n: int) -> tuple[list[dict[int, float]], list[dict[int, float]]]:
+    """(decode's distribution per generated position, the verify prefill's for the same positions)."""
+    return ([_probs(row) for row in rollout["meta_info"]["output_top_logprobs"]],
+            [_probs(row) for row in verify["meta_info"]["input_top_logprobs"][-n:]])
+
+
 def _run(base: str, rid: str) -> dict:
     prompt = [random.Random(25).randrange(10, 4000) for _ in range(PROMPT_TOKENS)]
-    sparse = _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
-                          "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
-                                              "sampling_seed": 7, "custom_params": {**wire.encode_schedule(SPARSE),
-                                                                                    **exact_wire.encode_keep(KEPT)}}})
+    sparse = _rollout(base, rid, prompt, SPARSE)
     completion = list(sparse["output_ids"])
-    verify = exact_wire.ExactVerify(rid, len(prompt), len(completion), KEPT)
-
-    def dense_pass():
-        return _post(base, {"input_ids": prompt + completion, "return_logprob": True, "top_logprobs_num": VOCAB,
-                            "logprob_start_len": len(prompt) - 1,
-                            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
-                                                "custom_params": {**wire.encode_schedule(dense_schedule()),
-                                                                  **exact_wire.encode_verify(verify)}}})
-    dense = dense_pass()
-    again = dense_pass()  # the rows were freed by the first: every kept position missing
-    sparse_rows = [_probs(row) for row in sparse["meta_info"]["output_top_logprobs"]]
-    dense_rows = [_probs(row) for row in dense["meta_info"]["input_top_logprobs"][-len(completion):]]
-    independent = [_sigma_min(s, d) for s, d in zip(sparse_rows, dense_rows)]
+    dense = _verify(base, rid, prompt, completion)
+    again = _verify(base, rid, prompt, completion)  # the rows were freed by the first: every kept position missing
+    sparse_rows, dense_rows = _rows(sparse, dense, len(completion))
     return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
-            "again": again["meta_info"].get(exact_wire.RESULT_KEY), "independent": independent,
+            "again": again["meta_info"].get(exact_wire.RESULT_KEY),
+            "independent": [_sigma_min(s, d) for s, d in zip(sparse_rows, dense_rows)],
             "shifted": [_sigma_min(s, d) for s, d in zip(sparse_rows[1:], dense_rows[:-1])],
             "dense_schedule": _run_dense(base, rid + "-dense", prompt)}
 
@@ -113,21 +125,11 @@ def _run(base: str, rid: str) -> dict:
 def _run_dense(base: str, rid: str, prompt: list[int]) -> dict:
     """The same prompt under the dense schedule (every step attends every page): the plug-in scores its kept
     positions 1 without comparing rows; the full logprobs of decode and verify say what measuring would give."""
-    rollout = _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
-                           "sampling_params": {"max_new_tokens": NEW, "temperature": 1.0, "ignore_eos": True,
-                                               "sampling_seed": 7,
-                                               "custom_params": {**wire.encode_schedule(dense_schedule()),
-                                                                 **exact_wire.encode_keep(KEPT)}}})
+    rollout = _rollout(base, rid, prompt, dense_schedule())
     completion = list(rollout["output_ids"])
-    verify = exact_wire.ExactVerify(rid, len(prompt), len(completion), KEPT)
-    dense = _post(base, {"input_ids": prompt + completion, "return_logprob": True, "top_logprobs_num": VOCAB,
-                         "logprob_start_len": len(prompt) - 1,
-                         "sampling_params": {"max_new_tokens": 1, "temperature": 1.0,
-                                             "custom_params": {**wire.encode_schedule(dense_schedule()),
-                                                               **exact_wire.encode_verify(verify)}}})
-    decode_rows = [_probs(row) for row in rollout["meta_info"]["output_top_logprobs"]]
-    verify_rows = [_probs(row) for row in dense["meta_info"]["input_top_logprobs"][-len(completion):]]
-    return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
+    verify = _verify(base, rid, prompt, completion)
+    decode_rows, verify_rows = _rows(rollout, verify, len(completion))
+    return {"n": len(completion), "payload": verify["meta_info"].get(exact_wire.RESULT_KEY),
             "measured": [_sigma_min(s, d) for s, d in zip(decode_rows, verify_rows)]}
 
 
