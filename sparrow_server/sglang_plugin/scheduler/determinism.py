@@ -146,9 +146,7 @@ def _admitted_as_ignore_eos(adder, req) -> bool:
     return bool(req.sampling_params.ignore_eos) and getattr(adder.tree_cache, "disable", True)
 
 
-_logged_ignore_eos = False
-
-
+_logged_ignore_eos = False  # each line once per scheduler process
 _warned_unaligned = False
 
 

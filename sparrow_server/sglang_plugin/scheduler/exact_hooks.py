@@ -21,14 +21,13 @@ per batch and step.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.scheduler.exact_rows import decode_captures, extend_captures
 from sparrow_server.sglang_plugin.scheduler.exact_verify import finish, publish, score_chunk, verify_jobs
 from sparrow_server.sglang_plugin.scheduler.hooks import INIT_NEW_TARGET, schedule_batch
-from sparrow_server.sparsity.schedule import attended_pages
+from sparrow_server.sparsity.schedule import is_sparse_at
 from sparrow_server.stats.acceptance import compact_logits
 
 logger = logging.getLogger(__name__)
@@ -49,9 +48,7 @@ def attends_every_page(req: Any, length: int) -> bool:
     table, row = state.schedule_table(), getattr(req, "req_pool_idx", None)
     if table is None or row is None:
         return False
-    schedule = table.schedule_of(int(row))
-    pages = max(math.ceil(length / schedule.page_size), 1)
-    return attended_pages(schedule, length, int(table.prompt_len[int(row)])) >= pages
+    return not is_sparse_at(table.schedule_of(int(row)), length, int(table.prompt_len[int(row)]))
 
 
 def after_init_new(result, *args, **kwargs):
@@ -161,5 +158,5 @@ def install(hook_registry, hook_type) -> None:
     hook_registry.register(ABORT_TARGET, after_abort, hook_type.AFTER)
 
 
-__all__ = ["install", "attends_every_page", "after_init_new", "before_sample", "around_logits_forward", "after_abort", "SAMPLE_TARGET",
-           "LOGITS_TARGET", "ABORT_TARGET"]
+__all__ = ["install", "attends_every_page", "after_init_new", "before_sample", "around_logits_forward", "after_abort",
+           "SAMPLE_TARGET", "LOGITS_TARGET", "ABORT_TARGET"]

@@ -110,7 +110,7 @@ class RowStore:
         if old is not None:
             self.bytes -= old.numel() * old.element_size()
 
-    def has_row(self, rid: str, position: int) -> bool:
+    def has_value(self, rid: str, position: int) -> bool:
         """A row kept for ``position``, or its value already known (a dense step)."""
         entry = self._entries.get(rid)
         return entry is not None and (position in entry.rows or position in entry.scores)
@@ -204,7 +204,7 @@ def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens
 
     A row for a later position comes from a re-prefill after a retraction (or a mixed batch): it ran
     the dense extend path, not sparse decode, so that kept position is marked invalid (reported
-    missing). A position that already has its row is an earlier chunk of such a re-prefill: untouched.
+    missing). A position that already has its row (or value) is an earlier chunk of such a re-prefill: untouched.
     """
     out = []
     for i, req in enumerate(reqs):
@@ -216,7 +216,7 @@ def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens
             continue  # a middle chunk of the prompt, or a position not kept
         if position == 0:
             out.append(Capture(i, req.rid, kept, 0, dense=True))
-        elif not store.has_row(req.rid, position):
+        elif not store.has_value(req.rid, position):
             store.mark_invalid(req.rid, kept, position)
     return out
 

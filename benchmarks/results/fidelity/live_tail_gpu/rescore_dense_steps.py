@@ -8,13 +8,12 @@ Measured data re-read, not a new measurement: the next GPU run of ``host.sh 7`` 
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from sparrow_server.sparsity.schedule import attended_pages, schedule_from_dict
+from sparrow_server.sparsity.schedule import is_sparse_at, schedule_from_dict
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,8 +27,7 @@ def rescore(folder: Path = HERE) -> dict[str, list[dict]]:
         sel = tokens["arm"] == arm_index
         basis, position, kept = tokens["basis"][sel], tokens["position"][sel], tokens["kept"][sel]
         server, oracle = tokens["server"][sel].astype(float), tokens["oracle"][sel].astype(float)
-        dense = np.array([attended_pages(sched, int(n), int(n - g)) >= max(math.ceil(n / sched.page_size), 1)
-                          for n, g in zip(basis, position)])
+        dense = np.array([not is_sparse_at(sched, int(n), int(n - g)) for n, g in zip(basis, position)])
         rescored = np.where(dense, 1.0, server)
         rows = []
         for lo in range(0, int(basis.max()) + 1, meta["config"]["bin_tokens"]):
