@@ -75,9 +75,10 @@ def world(monkeypatch):
     state.reset()
 
 
-def _rollout(world, rid="r1", kept=KEPT):
-    """Prefill then decode positions 1..N-1 of ``rid`` beside a request that keeps nothing."""
+def _rollout(world, rid="r1", kept=KEPT, lora_id=None):
+    """Prefill then decode positions 1..N-1 of ``rid`` (with SGLang's ``lora_id``) beside a request that keeps nothing."""
     other, req = _req("other"), _req(rid, exact_wire.encode_keep(kept))
+    req.lora_id = lora_id
     fb = _extend([other, req], [0, 0], [P, P])
     _sample(fb, torch.stack([torch.zeros(V), world.sparse[0]]))
     for g in range(1, N):
@@ -257,3 +258,17 @@ def test_a_dense_step_scores_one_and_keeps_no_row(world, monkeypatch):
     assert payload["acceptance"][:3] == [1.0, 1.0, 1.0]
     assert np.abs(np.array(payload["acceptance"][3:]) - _truth(world, [24, 32])).max() < TOL
     assert min(_truth(world, [0, 8, 16])) < 0.99  # measuring those rows would have given other values
+
+
+def test_a_dense_step_under_an_adapter_is_measured(world, monkeypatch):
+    """With an adapter the rollout sampled from base + adapter while the dense verify runs the base model:
+    a step that attended every page (the prefill's position 0 too) is measured like any other (the GPU
+    service test's dense schedule with ``distill-v2`` read 1.0 when it was scored 1)."""
+    monkeypatch.setattr(exact_hooks, "attends_every_page", lambda req, length: True)
+    kept = KeptPositions(offset=0, stride=8)
+    _rollout(world, kept=kept, lora_id="distill-v2")
+    entry = state.exact_store().entry("r1")
+    assert sorted(entry.rows) == [0, 8, 16, 24, 32] and entry.scores == {}
+    payload = _payload(_verify(world, kept=kept))
+    assert payload["positions"] == [0, 8, 16, 24, 32] and payload["missing"] == []
+    assert np.abs(np.array(payload["acceptance"]) - _truth(world, [0, 8, 16, 24, 32])).max() < TOL

@@ -10,8 +10,10 @@ from the batch's CPU lengths: no device sync). Generated position ``g`` is predi
 whose sequence, the input token included, holds ``prompt_len + g`` tokens.
 
 A kept position whose step attended every page of the sequence on every layer (the prefill's position
-0, a request whose budget still covers its length, the dense schedule) is the dense step itself: its
-acceptance is 1 by construction and no row is kept (``put_dense``). Measuring it would report the
+0, a request whose budget still covers its length, the dense schedule) of a request without an adapter
+is the dense step itself: its acceptance is 1 by construction and no row is kept (``put_dense``). With
+an adapter it is measured like any other: the rollout sampled from the base model plus the adapter, the
+dense verify runs the base model alone (a DistillSparse adapter moves the dense steps too). Measuring it would report the
 numeric difference between the decode and verify kernels instead (p5 0.966 on SmolLM2-135M at 8K
 tokens, H200: ``benchmarks/results/fidelity/live_tail_gpu/``), which no budget can change.
 
@@ -181,10 +183,16 @@ def _prompt_len(req: Any) -> int:
     return len(getattr(req, "origin_input_ids", ()) or ())
 
 
+def _base_model(req: Any) -> bool:
+    """The request runs the base model, the one the dense verify runs (SGLang: ``lora_id`` None)."""
+    return getattr(req, "lora_id", None) is None
+
+
 def decode_captures(reqs: Sequence[Any], seq_lens: Sequence[int],
                     attends_every_page: Callable[[Any, int], bool] | None = None) -> list[Capture]:
     """Decode: request ``i``'s row predicts position ``seq_lens[i] - prompt_len`` (its input token included);
-    ``attends_every_page(req, seq_len)``: whether that step is the dense one (None: never assumed)."""
+    ``attends_every_page(req, seq_len)``: whether that step attended every page (None: never assumed); it is
+    the dense step only for a request without an adapter."""
     out = []
     for i, req in enumerate(reqs):
         kept = req_keep(req)
@@ -193,14 +201,15 @@ def decode_captures(reqs: Sequence[Any], seq_lens: Sequence[int],
         length = int(seq_lens[i])
         position = length - _prompt_len(req)
         if position >= 0 and kept.is_kept(position):
-            dense = attends_every_page is not None and attends_every_page(req, length)
+            dense = _base_model(req) and attends_every_page is not None and attends_every_page(req, length)
             out.append(Capture(i, req.rid, kept, position, dense))
     return out
 
 
 def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens: Sequence[int],
                     store: RowStore) -> list[Capture]:
-    """Extend: only a fresh prefill's last row is kept: position 0, a dense step (the prefill attends every page).
+    """Extend: only a fresh prefill's last row is kept: position 0, a dense step (the prefill attends every page)
+    unless the request has an adapter.
 
     A row for a later position comes from a re-prefill after a retraction (or a mixed batch): it ran
     the dense extend path, not sparse decode, so that kept position is marked invalid (reported
@@ -215,7 +224,7 @@ def extend_captures(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens
         if position < 0 or not kept.is_kept(position):
             continue  # a middle chunk of the prompt, or a position not kept
         if position == 0:
-            out.append(Capture(i, req.rid, kept, 0, dense=True))
+            out.append(Capture(i, req.rid, kept, 0, dense=_base_model(req)))
         elif not store.has_value(req.rid, position):
             store.mark_invalid(req.rid, kept, position)
     return out
