@@ -260,6 +260,21 @@ def test_a_dense_step_scores_one_and_keeps_no_row(world, monkeypatch):
     assert min(_truth(world, [0, 8, 16])) < 0.99  # measuring those rows would have given other values
 
 
+def test_a_step_past_the_last_token_stays_out_of_the_payload(world, monkeypatch):
+    """SGLang's overlap scheduler runs one decode step past a finished request's last token (its output
+    discarded). Kept and dense there (position N = 40 with stride 8), it must not reach the payload: the
+    GPU service test's dense rollout got positions [96] back and fell back to the top-k bound."""
+    monkeypatch.setattr(exact_hooks, "attends_every_page", lambda req, length: True)
+    kept = KeptPositions(offset=0, stride=8)
+    req = _rollout(world, kept=kept)
+    fb = _decode([req], [P + N])
+    _sample(fb, world.sparse[N - 1:N])
+    assert N in state.exact_store().entry("r1").scores
+    payload = _payload(_verify(world, kept=kept))
+    assert payload["positions"] == [0, 8, 16, 24, 32] and payload["acceptance"] == [1.0] * 5
+    assert payload["missing"] == []
+
+
 def test_a_dense_step_under_an_adapter_is_measured(world, monkeypatch):
     """With an adapter the rollout sampled from base + adapter while the dense verify runs the base model:
     a step that attended every page (the prefill's position 0 too) is measured like any other (the GPU

@@ -80,8 +80,11 @@ def finish(job: VerifyJob, store: RowStore) -> KeptAcceptance:
     """The payload of a verify request whose last chunk ran; frees the stored rows."""
     v = job.verify
     entry = store.open(v.rid, v.kept)
-    scored = sorted(entry.scores)
-    missing = tuple(int(g) for g in v.kept.positions(v.n_generated) if int(g) not in entry.scores)
+    # only the kept positions of the tokens returned: the overlap scheduler's step past a finished
+    # request's last token may have captured (or scored, when dense) one more
+    kept = [int(g) for g in v.kept.positions(v.n_generated)]
+    scored = [g for g in kept if g in entry.scores]
+    missing = tuple(g for g in kept if g not in entry.scores)
     store.free(v.rid)
     return KeptAcceptance(np.asarray(scored, dtype=np.int64),
                           np.asarray([entry.scores[g] for g in scored], dtype=np.float64), missing)
