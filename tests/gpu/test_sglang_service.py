@@ -46,7 +46,10 @@ MIN_DISTINCT = 4  # distinct tokens a 48-token rollout compared token for token 
 ARGS = ["--api-key", KEY, "--max-batch-size", "16", "--max-lora-rank", "8", "--enable-lora",
         "--lora-target-modules", "q_proj", "k_proj", "v_proj", "o_proj", "--max-loras-per-batch", "4",
         "--mem-fraction-static", "0.8", "--max-total-tokens", "131072", "--cuda-graph-max-bs", "16", "--cuda-graph-backend-prefill", "disabled",
-        "--enable-metrics", "--disable-radix-cache"]  # no prefix reuse: no extra FlashInfer JIT builds
+        "--enable-metrics", "--disable-radix-cache",  # no prefix reuse: no extra FlashInfer JIT builds
+        "--verify-fraction", "0"]  # token-for-token comparisons need each request alone: a background
+# verification (5 % of /rollout requests by default) batched beside the next request changes its bf16 rounding
+# (gpu_call18 call 1: /rollout and /generate parted at token 45 while a verify prefill was running)
 # (a capped KV pool: the suite runs this module beside others on one card, see test_sglang_serving)
 RESULTS: dict = {}
 

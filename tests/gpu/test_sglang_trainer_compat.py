@@ -46,6 +46,7 @@ PORT, SLIME_PORT = (p + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0")) for 
 MEMORY_SAVER = importlib.util.find_spec("torch_memory_saver") is not None
 ARGS = ["--default-schedule", SPARSE, "--max-batch-size", "8", "--mem-fraction-static", "0.3",
         "--cuda-graph-max-bs", "8", "--cuda-graph-backend-prefill", "disabled", "--disable-radix-cache",
+        "--verify-fraction", "0",  # no background verification beside the requests compared token for token
         *(["--enable-memory-saver"] if MEMORY_SAVER else [])]
 _RNG = random.Random(7)  # 11 distinct tokens in 24 on weights A and B (float32 on CPU)
 PROMPT = [_RNG.randrange(10, 4000) for _ in range(1200)]  # sparse under the 0.86 preset (budget 512)
