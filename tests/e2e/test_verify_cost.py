@@ -1,0 +1,51 @@
+"""benchmarks/verify_cost.py (a GPU script): its arithmetic, its request batches, and --help without SGLang."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import verify_cost as V  # noqa: E402
+
+
+def test_the_cost_is_the_verified_batch_over_the_mean_plain_one():
+    c = V.cost_summary([10.0, 12.0], 14.0, generated_tokens=1000, kept_tokens=62, vocab=151936)
+    assert c["plain_wall_mean_s"] == 11.0 and c["extra_s"] == 3.0
+    assert c["extra_us_per_generated_token"] == 3000.0 and c["extra_us_per_kept_token"] == round(3e6 / 62, 3)
+    assert c["verify_share_of_verified_wall"] == round(3 / 14, 4) and c["plain_drift"] == round(2 / 11, 4)
+    assert c["kept_rows_bytes_all"] == 2 * 151936 * 62
+
+
+@pytest.mark.parametrize("bad", [dict(plain_walls=[]), dict(generated_tokens=0), dict(kept_tokens=0)])
+def test_nothing_to_divide_by_is_an_error_naming_it(bad):
+    kwargs = dict(plain_walls=[1.0], verified_wall=2.0, generated_tokens=10, kept_tokens=1, vocab=8) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        V.cost_summary(**kwargs)
+
+
+def test_every_batch_sends_the_same_prompts_and_seeds_and_only_verify_differs():
+    plain = V.rollout_requests(3, 5, 7, vocab=1000, schedule="s", verify=False)
+    verified = V.rollout_requests(3, 5, 7, vocab=1000, schedule="s", verify=True)
+    assert [r["input_ids"] for r in plain] == [r["input_ids"] for r in verified]
+    assert all(not p["verify"] and v["verify"] for p, v in zip(plain, verified))
+    assert [r["sampling_params"]["seed"] for r in plain] == [0, 1, 2]
+    assert all(V.VOCAB_MARGIN <= t < 1000 - V.VOCAB_MARGIN for r in plain for t in r["input_ids"])
+    assert len({tuple(r["input_ids"]) for r in plain}) == 3
+
+
+def test_kept_positions_are_counted_from_each_response():
+    def result(positions):
+        return types.SimpleNamespace(meta=types.SimpleNamespace(raw={"exact_subsample": {"positions": positions}}))
+    assert V.kept_count([result([1, 17]), result([5]), types.SimpleNamespace(meta=types.SimpleNamespace(raw={}))]) == 3
+
+
+def test_help_answers_without_the_gpu_stack():
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_cost.py"), "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and "per verified token" in " ".join(out.stdout.split())
