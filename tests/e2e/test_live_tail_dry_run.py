@@ -22,6 +22,7 @@ from helpers.server_util import free_port  # fixed ports collide with another ru
 
 sys.path[:0] = [str(GPU_HOST)]
 live_tail = importlib.import_module("live_tail")
+report = importlib.import_module("live_tail_report")
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
@@ -101,12 +102,12 @@ def _live(records, bin_tokens, schedule="s"):
     for r in records:
         sub = r["meta"]["exact_subsample"]
         metrics.observe(sched, np.asarray(sub["acceptance"]), len(r["prompt_ids"]) + np.asarray(sub["positions"]))
-    return live_tail.live_series(generate_latest(registry).decode())
+    return report.live_series(generate_latest(registry).decode())
 
 
 def test_analysis_splits_the_difference_into_rounding_and_sampling_and_passes_within_the_band():
     records = _records(noise=-0.004)
-    arms = live_tail.analyse(records, _live(records, 256), 256, 0.02)
+    arms = report.analyse(records, _live(records, 256), 256, 0.02)
     check = arms["check"]
     assert check["verdict"] == "pass" and not check["reasons"] and check["scored"] == 40
     judged = [b for b in check["bins"] if b["judged"]]
@@ -121,7 +122,7 @@ def test_analysis_splits_the_difference_into_rounding_and_sampling_and_passes_wi
 
 def test_analysis_fails_a_bin_outside_the_band_and_says_which():
     records = _records(noise=-0.05)
-    check = live_tail.analyse(records, _live(records, 256), 256, 0.02)["check"]
+    check = report.analyse(records, _live(records, 256), 256, 0.02)["check"]
     assert check["verdict"] == "fail" and check["failing_bins"] and check["max_abs_rounding"] > 0.02
 
 
@@ -130,12 +131,12 @@ def test_analysis_is_insufficient_with_a_rollout_missing_its_oracle_or_its_answe
     live = _live(records, 256)
     unscored = [dict(r) for r in records]
     unscored[3] = {k: v for k, v in unscored[3].items() if k != "oracle"}
-    check = live_tail.analyse(unscored, live, 256, 0.02)["check"]
+    check = report.analyse(unscored, live, 256, 0.02)["check"]
     assert check["verdict"] == "insufficient" and "not scored" in check["reasons"][0]
     failed = records[:-1] + [{**{k: records[-1][k] for k in ("arm", "schedule", "prompt_ids")}, "error": "timeout"}]
-    assert "not verified" in live_tail.analyse(failed, live, 256, 0.02)["check"]["reasons"][0]
+    assert "not verified" in report.analyse(failed, live, 256, 0.02)["check"]["reasons"][0]
     dropped = {s: {b: v for b, v in bins.items() if b != 2} for s, bins in live.items()}
-    check = live_tail.analyse(records, dropped, 256, 0.02)["check"]
+    check = report.analyse(records, dropped, 256, 0.02)["check"]
     assert check["verdict"] == "insufficient" and "[2]" in check["reasons"][0]
 
 
@@ -148,10 +149,10 @@ def test_a_few_missing_kept_positions_are_noted_many_make_it_insufficient():
 
     drop(records[0]["meta"]["exact_subsample"], 1)
     drop(records[1]["meta"]["exact_subsample"], 2)  # 3 of 10,240: left out on both sides
-    check = live_tail.analyse(records, _live(records, 256), 256, 0.02)["check"]
+    check = report.analyse(records, _live(records, 256), 256, 0.02)["check"]
     assert check["verdict"] == "pass" and check["notes"] == ["3 of 10240 kept positions without a value (left out on both sides)"]
     drop(records[2]["meta"]["exact_subsample"], 200)
-    check = live_tail.analyse(records, _live(records, 256), 256, 0.02)["check"]
+    check = report.analyse(records, _live(records, 256), 256, 0.02)["check"]
     assert check["verdict"] == "insufficient" and "without a value" in check["reasons"][0]
 
 
@@ -159,7 +160,7 @@ def test_without_a_subsample_the_kept_positions_are_all_positions():
     records = _records(n_rollouts=4)
     for r in records:
         del r["meta"]["exact_subsample"]
-    kept, values, missing = live_tail.kept_of(records[0])
+    kept, values, missing = report.kept_of(records[0])
     assert kept.tolist() == list(range(1024)) and values is None and missing.size == 0
 
 
