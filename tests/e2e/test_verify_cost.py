@@ -39,6 +39,12 @@ def test_every_batch_sends_the_same_prompts_and_seeds_and_only_verify_differs():
     assert len({tuple(r["input_ids"]) for r in plain}) == 3
 
 
+def test_the_row_bound_holds_a_whole_batch_of_kept_rows():
+    mib = V.rows_mib(32, 8192, 16, 151936)
+    need = 32 * 512 * 2 * 151936
+    assert need < mib * (1 << 20) < 1.3 * need and mib > 4096  # the default bound (4,096 MiB) would refuse rows
+
+
 def test_kept_positions_are_counted_from_each_response():
     def result(positions):
         return types.SimpleNamespace(meta=types.SimpleNamespace(raw={"exact_subsample": {"positions": positions}}))
