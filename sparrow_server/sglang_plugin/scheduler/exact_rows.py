@@ -11,11 +11,12 @@ whose sequence, the input token included, holds ``prompt_len + g`` tokens.
 
 A kept position whose step attended every page of the sequence on every layer (the prefill's position
 0, a request whose budget still covers its length, the dense schedule) of a request without an adapter
-is the dense step itself: its acceptance is 1 by construction and no row is kept (``put_dense``). With
-an adapter it is measured like any other: the rollout sampled from the base model plus the adapter, the
-dense verify runs the base model alone (a DistillSparse adapter moves the dense steps too). Measuring it would report the
-numeric difference between the decode and verify kernels instead (p5 0.966 on SmolLM2-135M at 8K
-tokens, H200: ``benchmarks/results/fidelity/live_tail_gpu/``), which no budget can change.
+is the dense step itself: its acceptance is 1 by construction and no row is kept (``put_dense``).
+Measuring it would report the numeric difference between the decode and verify kernels instead (p5
+0.966 on SmolLM2-135M at 8K tokens, H200: ``benchmarks/results/fidelity/live_tail_gpu/``), which no
+budget can change. With an adapter such a step is measured like any other: the rollout sampled from the
+base model plus the adapter, the dense verify runs the base model alone (a DistillSparse adapter moves
+the dense steps too).
 
 Bounded: at most ``max_bytes`` of rows (a row past it is refused and its position reported missing,
 never evicting rows already kept, which would bias the sample toward short requests) and entries
