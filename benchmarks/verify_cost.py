@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-VOCAB_MARGIN = 100  # random prompt ids stay this far from the vocabulary's ends (special tokens)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmarks (sglang_server, sglang_throughput)
 
 
 def cost_summary(plain_walls: list[float], verified_wall: float, generated_tokens: int, kept_tokens: int,
@@ -56,11 +56,12 @@ def rows_mib(requests: int, gen: int, stride: int, vocab: int) -> int:
 
 
 def rollout_requests(n: int, prompt: int, gen: int, vocab: int, schedule: str, verify: bool, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)  # the same prompts and seeds in every batch
-    return [{"input_ids": [rng.randrange(VOCAB_MARGIN, vocab - VOCAB_MARGIN) for _ in range(prompt)],
-             "schedule": schedule, "verify": verify,
+    from sglang_throughput import random_ids  # the throughput benchmark's prompts (ids clear of the vocabulary's ends)
+
+    prompts = random_ids(random.Random(seed), n, prompt, vocab)  # the same prompts and seeds in every batch
+    return [{"input_ids": ids, "schedule": schedule, "verify": verify,
              "sampling_params": {"max_new_tokens": gen, "temperature": 1.0, "ignore_eos": True, "seed": seed + i}}
-            for i in range(n)]
+            for i, ids in enumerate(prompts)]
 
 
 def run_batch(client, requests: list[dict]) -> tuple[float, list]:
@@ -85,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, default=31800)
     ap.add_argument("--server-args", default="", help="extra SGLang flags")
     a = ap.parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import sglang_server as S  # noqa: E402  (GPU side: imported where used, --help stays fast)
     from sparrow_server.client import SparrowClient
 

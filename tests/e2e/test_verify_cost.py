@@ -35,7 +35,7 @@ def test_every_batch_sends_the_same_prompts_and_seeds_and_only_verify_differs():
     assert [r["input_ids"] for r in plain] == [r["input_ids"] for r in verified]
     assert all(not p["verify"] and v["verify"] for p, v in zip(plain, verified))
     assert [r["sampling_params"]["seed"] for r in plain] == [0, 1, 2]
-    assert all(V.VOCAB_MARGIN <= t < 1000 - V.VOCAB_MARGIN for r in plain for t in r["input_ids"])
+    assert all(100 <= t < 900 for r in plain for t in r["input_ids"])  # clear of the vocabulary's ends
     assert len({tuple(r["input_ids"]) for r in plain}) == 3
 
 

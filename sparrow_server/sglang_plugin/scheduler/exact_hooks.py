@@ -5,8 +5,8 @@ per batch and step.
 - AFTER ``ForwardBatch.init_new``: on the host, from the batch's CPU lengths, which rows of this
   batch's next-token logits are kept positions (``CAPTURES_ATTR``) and which requests are verify
   prefills (``VERIFY_ATTR``, also kept as the pending extend's jobs, see ``around_logits_forward``).
-  A kept decode position whose request's schedule covers its length (every page attended) is the dense
-  step: its value is 1 and no row is kept (``exact_rows``).
+  A kept decode position whose request's schedule covers its length (every page attended) is, for a
+  request without an adapter, the dense step: its value is 1 and no row is kept (``exact_rows``).
 - BEFORE ``ModelRunner.sample``: copy the kept rows as float16 ``logits - max``. ``sample`` runs after
   the forward, outside any CUDA graph (the decode graph captures the logits processor; its output
   buffer is read here, before the next replay overwrites it, in stream order), and before the
