@@ -75,6 +75,15 @@ def kept_count(results: list) -> int:
     return sum(len((r.meta.raw.get("exact_subsample") or {}).get("positions") or ()) for r in results)
 
 
+def server_args(requests: int, state_dir: Path, extra: str = "") -> list[str]:
+    """``sparrow-server serve --engine sglang`` flags after --model/--host/--port (it owns --page-size)."""
+    # the kept rows live on the GPU beside the KV pool: leave them room (6 GB at 32 x 8K tokens, stride 16)
+    return ["--load-format", "dummy", "--context-length", "40960", "--verify-fraction", "0",
+            "--mem-fraction-static", "0.75", "--disable-radix-cache", "--max-batch-size", str(requests),
+            "--cuda-graph-max-bs", str(requests), "--cuda-graph-backend-prefill", "disabled",
+            "--state-dir", str(state_dir), *extra.split()]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
@@ -92,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     cfg = S.qwen3_config(a.size)
     schedule, vocab = f"{a.size}-0.86", int(cfg["vocab_size"])
-    # the kept rows live on the GPU beside the KV pool: leave them room (6 GB at 32 x 8K tokens, stride 16)
-    args = ["--load-format", "dummy", "--context-length", "40960", "--page-size", "16", "--verify-fraction", "0",
-            "--mem-fraction-static", "0.75",
-            "--disable-radix-cache", "--max-batch-size", str(a.requests), "--cuda-graph-max-bs", str(a.requests),
-            "--cuda-graph-backend-prefill", "disabled", "--state-dir", str(a.out / "state"), *a.server_args.split()]
+    args = server_args(a.requests, a.out / "state", a.server_args)
     env = {"SPARROW_EXACT_STRIDE": str(a.stride), "SPARROW_EXACT_MAX_MIB": str(rows_mib(a.requests, a.gen, a.stride, vocab))}
     server = S.Server(S.write_config(a.out / "dummy", cfg), args, a.out / "server.log", port=a.port, env=env, sparrow=True)
     report = {"size": a.size, "schedule": schedule, "requests": a.requests, "prompt": a.prompt, "gen": a.gen,

@@ -55,3 +55,20 @@ def test_help_answers_without_the_gpu_stack():
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "verify_cost.py"), "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "per verified token" in " ".join(out.stdout.split())
+
+
+def test_the_server_command_passes_sparrow_servers_own_checks(tmp_path):
+    # gpu_call19: the first GPU run died at start, its flags carried --page-size, which `serve` owns
+    import sglang_server as S
+    from sparrow_server.cli import build_parser
+    from sparrow_server.commands.serve import sglang_command
+
+    server = S.Server(tmp_path / "m", V.server_args(32, tmp_path / "state", "--chunked-prefill-size 8192"),
+                      tmp_path / "log", sparrow=True)
+    assert server.cmd[1:3] == ["-m", "sparrow_server.cli"]
+    args, extra = build_parser().parse_known_args(server.cmd[3:])
+    args.extra_args = extra
+    sglang_argv, _, _ = sglang_command(args)
+    assert sglang_argv.count("--page-size") == 1 and "--verify-fraction" not in sglang_argv
+    assert args.verify_fraction == 0 and args.max_batch_size == 32
+    assert sglang_argv[sglang_argv.index("--chunked-prefill-size") + 1] == "8192"
