@@ -75,6 +75,29 @@ def kept_count(results: list) -> int:
     return sum(len((r.meta.raw.get("exact_subsample") or {}).get("positions") or ()) for r in results)
 
 
+def prefill_probe_payloads(prompt_ids: list[int], completion_ids: list[int]) -> dict[str, dict]:
+    """The dense verify prefill as the product sends it (``top_k``; exact values aside), then without its
+    per-position top-k (``token_logprobs``) and without logprobs (``no_logprobs``): which part is slow."""
+    from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
+    from sparrow_server.sglang_plugin.frontend.verification import dense_prefill_kwargs
+
+    top_k = dense_prefill_kwargs(prompt_ids, completion_ids, DEFAULT_RECORD_TOPK)
+    token_logprobs = {k: v for k, v in top_k.items() if k != "top_logprobs_num"}
+    no_logprobs = {k: v for k, v in token_logprobs.items() if k != "logprob_start_len"} | {"return_logprob": False}
+    return {"top_k": top_k, "token_logprobs": token_logprobs, "no_logprobs": no_logprobs}
+
+
+def probe_prefills(client, pairs: list[tuple[list[int], list[int]]]) -> dict[str, dict]:
+    """Each variant's seconds per prefill, sent one at a time, variants interleaved (drift hits all alike)."""
+    seconds: dict[str, list[float]] = {}
+    for prompt_ids, completion_ids in pairs:
+        for name, payload in prefill_probe_payloads(prompt_ids, completion_ids).items():
+            t0 = time.time()
+            client.generate(payload)
+            seconds.setdefault(name, []).append(round(time.time() - t0, 4))
+    return {name: {"seconds": s, "median_s": round(statistics.median(s), 4)} for name, s in seconds.items()}
+
+
 def server_args(requests: int, state_dir: Path, extra: str = "") -> list[str]:
     """``sparrow-server serve --engine sglang`` flags after --model/--host/--port (it owns --page-size)."""
     # the kept rows live on the GPU beside the KV pool: leave them room (6 GB at 32 x 8K tokens, stride 16)
@@ -94,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stride", type=int, default=16, help="SPARROW_EXACT_STRIDE: one kept position per this many tokens")
     ap.add_argument("--port", type=int, default=31800)
     ap.add_argument("--server-args", default="", help="extra SGLang flags")
+    ap.add_argument("--probe", type=int, default=4,
+                    help="after the batches, time this many verify prefills alone, with and without top-k and logprobs")
     a = ap.parse_args(argv)
     import sglang_server as S  # noqa: E402  (GPU side: imported where used, --help stays fast)
     from sparrow_server.client import SparrowClient
@@ -112,12 +137,17 @@ def main(argv: list[str] | None = None) -> int:
             run_batch(client, rollout_requests(2, 256, 64, vocab, schedule, True))  # warm-up: graphs, verify path
             walls = {}
             for name, verify in (("plain", False), ("verified", True), ("plain_again", False)):
-                walls[name], results = run_batch(client, rollout_requests(a.requests, a.prompt, a.gen, vocab, schedule, verify))
+                requests = rollout_requests(a.requests, a.prompt, a.gen, vocab, schedule, verify)
+                walls[name], results = run_batch(client, requests)
                 if verify:
+                    pairs = [(q["input_ids"], r.token_ids) for q, r in zip(requests, results)][:a.probe]
                     generated, kept = sum(len(r.token_ids) for r in results), kept_count(results)
                     report["acceptance_kinds"] = sorted({r.meta.raw.get("acceptance_kind") for r in results}, key=str)
                     report["exact_missing_tokens"] = sum(r.meta.raw.get("exact_missing_tokens") or 0 for r in results)
                 print(f"[verify_cost] {name}: {walls[name]:.1f} s", flush=True)
+            if a.probe:
+                report["prefill_probe"] = probe_prefills(client, pairs)
+                print(f"[verify_cost] prefill probe: {report['prefill_probe']}", flush=True)
         report["cost"] = cost_summary([walls["plain"], walls["plain_again"]], walls["verified"], generated, kept, vocab)
     finally:
         server.stop()

@@ -72,3 +72,25 @@ def test_the_server_command_passes_sparrow_servers_own_checks(tmp_path):
     assert sglang_argv.count("--page-size") == 1 and "--verify-fraction" not in sglang_argv
     assert args.verify_fraction == 0 and args.max_batch_size == 32
     assert sglang_argv[sglang_argv.index("--chunked-prefill-size") + 1] == "8192"
+
+
+def test_the_prefill_probe_sends_the_products_verify_prefill_then_strips_one_part_at_a_time():
+    from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
+    from sparrow_server.sglang_plugin.frontend.verification import dense_prefill_kwargs
+
+    v = V.prefill_probe_payloads([5, 6, 7], [8, 9])
+    assert v["top_k"] == dense_prefill_kwargs([5, 6, 7], [8, 9], DEFAULT_RECORD_TOPK)
+    assert v["top_k"]["input_ids"] == [5, 6, 7, 8, 9] and v["top_k"]["top_logprobs_num"] > 0
+    assert v["top_k"]["logprob_start_len"] == 2 and v["top_k"]["return_logprob"] is True
+    assert "top_logprobs_num" not in v["token_logprobs"] and v["token_logprobs"]["logprob_start_len"] == 2
+    assert v["no_logprobs"]["return_logprob"] is False and "logprob_start_len" not in v["no_logprobs"]
+    assert all(p["sampling_params"] == v["top_k"]["sampling_params"] for p in v.values())  # the same dense step
+
+
+def test_the_probe_times_every_variant_of_every_pair_in_turn():
+    sent = []
+    client = types.SimpleNamespace(generate=lambda payload: sent.append(payload))
+    out = V.probe_prefills(client, [([1, 2], [3]), ([4, 5], [6, 7])])
+    assert sorted(out) == ["no_logprobs", "token_logprobs", "top_k"]
+    assert all(len(o["seconds"]) == 2 for o in out.values())
+    assert [p["input_ids"] for p in sent] == [[1, 2, 3]] * 3 + [[4, 5, 6, 7]] * 3
