@@ -94,3 +94,27 @@ def test_the_probe_times_every_variant_of_every_pair_in_turn():
     assert sorted(out) == ["no_logprobs", "token_logprobs", "top_k"]
     assert all(len(o["seconds"]) == 2 for o in out.values())
     assert [p["input_ids"] for p in sent] == [[1, 2, 3]] * 3 + [[4, 5, 6, 7]] * 3
+
+
+def test_the_service_takes_every_probe_payload(model_dir, tmp_path, one_torch_thread):
+    # the probe goes through the served /generate (SparrowClient.generate): a 4xx would end the GPU call
+    from fastapi.testclient import TestClient
+
+    from helpers.server_util import CharTokenizer
+    from helpers.tiny_models import TINY_VOCAB, load_plain
+    from sparrow_server.client.common import generate_payload
+    from sparrow_server.engine.reference import ReferenceEngine
+    from sparrow_server.server.app import create_app
+    from sparrow_server.sparsity.registry import ScheduleRegistry
+
+    tokenizer = CharTokenizer()
+    engine = ReferenceEngine(load_plain(model_dir, "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
+    app = create_app(engine, ScheduleRegistry.load(persist_dir=tmp_path / "schedules"), tokenizer=tokenizer)
+    prompt, completion = [(7 * i) % (TINY_VOCAB - 1) + 1 for i in range(20)], [3, 4, 5, 6]
+    with TestClient(app) as client:
+        for name, payload in V.prefill_probe_payloads(prompt, completion).items():
+            r = client.post("/generate", json=generate_payload(payload))
+            assert r.status_code == 200, (name, r.text)
+            meta = r.json()["meta_info"]
+            assert bool(meta.get("input_token_logprobs")) == (name != "no_logprobs"), name
+            assert bool(meta.get("input_top_logprobs")) == (name == "top_k"), name
