@@ -76,8 +76,9 @@ def kept_count(results: list) -> int:
 
 
 def prefill_probe_payloads(prompt_ids: list[int], completion_ids: list[int]) -> dict[str, dict]:
-    """The dense verify prefill as the product sends it (``top_k``; exact values aside), then without its
-    per-position top-k (``token_logprobs``) and without logprobs (``no_logprobs``): which part is slow."""
+    """The bound mode's dense verify prefill (``top_k``: the top-k of every completion position, what a server at
+    ``SPARROW_EXACT_STRIDE=0`` sends), then without the top-k (``token_logprobs``) and without logprobs
+    (``no_logprobs``): what SGLang's side of each part costs (the exact mode sends none of them per position)."""
     from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
     from sparrow_server.sglang_plugin.frontend.verification import dense_prefill_kwargs
 

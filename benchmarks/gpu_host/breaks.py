@@ -37,6 +37,7 @@ DENSE_LAYERS = "tests/gpu/test_dense_layers.py"
 EXACT = "tests/gpu/test_exact_acceptance.py"
 EXACT_ROWS = "sparrow_server/sglang_plugin/scheduler/exact_rows.py"
 EXACT_HOOKS = "sparrow_server/sglang_plugin/scheduler/exact_hooks.py"
+EXACT_VERIFY = "sparrow_server/sglang_plugin/scheduler/exact_verify.py"
 DETERMINISTIC = "tests/gpu/test_deterministic.py"
 
 
@@ -125,6 +126,10 @@ BREAKS = (
           "row (the decode and verify kernels' bf16 difference) instead of scoring 1",
           EXACT_HOOKS, "        if c.dense:", "        if False:",
           (f"{EXACT}::test_a_dense_step_scores_one_where_measuring_would_not",)),
+    Break("exact_bound_is_the_value", "the payload's top-k bound is the exact value itself (the top-k lists never "
+          "formed)", EXACT_VERIFY, "    bounds = [kept_bound(sparse.float(), dense[have], v.k),",
+          "    bounds = [values.float(),",
+          (f"{EXACT}::test_the_bound_beside_each_value_is_the_top_k_bound_of_the_same_rows",)),
     Break("deterministic_split_ignored", "under deterministic inference the sparse plans keep tensor cores but "
           "leave the KV split to FlashInfer, which chooses it from the whole batch",
           BACKEND, "non_blocking=True, **split.plan_kwargs())", "non_blocking=True)",

@@ -13,8 +13,9 @@
 #         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
-# PART serving | service | dense_layers | exact_acceptance | deterministic | tp: that module alone (GPU 0; the TP module
-#         on GPUs 0,1), e.g. beside a breaks part.
+# PART serving | service | dense_layers | exact_acceptance | deterministic | tp: that module alone (GPU $SUITE_GPU,
+#         default 0; the TP module on GPUs 0,1), e.g. beside a breaks part or a benchmark on the other card
+#         (CUDA_VISIBLE_DEVICES is set per module, so only SUITE_GPU moves it).
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
@@ -78,11 +79,11 @@ case "$PART" in
     [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
-  serving) module 0 sglang_serving ;;
-  dense_layers) module 0 dense_layers ;;
-  exact_acceptance) module 0 exact_acceptance ;;
-  deterministic) module 0 deterministic ;;
-  service) module 0 sglang_service ;;
+  serving) module "${SUITE_GPU:-0}" sglang_serving ;;
+  dense_layers) module "${SUITE_GPU:-0}" dense_layers ;;
+  exact_acceptance) module "${SUITE_GPU:-0}" exact_acceptance ;;
+  deterministic) module "${SUITE_GPU:-0}" deterministic ;;
+  service) module "${SUITE_GPU:-0}" sglang_service ;;
   tp) module 0,1 sglang_tp ;;
   breaks)
     gpus=${BREAK_GPUS:-$(seq -s, 0 $(( NGPU - 1 )))}

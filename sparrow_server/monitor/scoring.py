@@ -9,8 +9,8 @@ schedule. Two ways to get its distribution per generated token:
   page selections at every position), then ``exact_acceptance`` against the dense forward;
 - top-k lower bound: the top-k (ids, logprobs) recorded during decoding (SGLang), against the
   dense pass's top-k (``topk_acceptance_lower_bound``; never above the exact value);
-- exact on a subsample (SGLang, issue 25): with the bound, the exact value at the kept positions
-  (``stats.exact_subsample``), which is then the evidence (``AcceptanceScores.evidence_*``).
+- exact on a subsample (SGLang, issue 25): the exact value at the kept positions (``stats.exact_subsample``),
+  which is the evidence (``AcceptanceScores.evidence_*``), and the top-k lower bound of the same rows there.
 
 Positions: completion token ``i`` (0-based) is produced by the step that attends ``prompt_len + i``
 tokens (token 0 by the dense prefill); logit row ``prompt_len - 1 + i`` of the sequence predicts it.
@@ -32,6 +32,7 @@ from sparrow_server.modeling.sparse_forward import attention_implementation, tea
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
 from sparrow_server.stats.exact_subsample import KeptAcceptance, KeptPositions
+from sparrow_server.stats.exact_wire import BOUND_TOPK
 
 # The kinds of acceptance (the names an autopilot's ``acceptance`` setting selects).
 EXACT, TOPK_LOWER_BOUND = EXACT_ACCEPTANCE, TOPK_BOUND_ACCEPTANCE
@@ -43,15 +44,21 @@ DEFAULT_ROW_CHUNK = 256  # acceptance rows per step: bounds the [chunk, V] float
 class AcceptanceScores:
     """Acceptance of each generated token and the schedule-basis length of the step that made it.
 
-    ``exact``: the exact values at a uniform subsample of positions, when the engine gave them with a
-    top-k bound; they are then the evidence (``evidence_*``: what the metrics, the alert and the
-    autopilot read; fewer tokens, but exact), and ``acceptance`` stays the per-token lower bound.
+    ``exact``: the exact values at a uniform subsample of positions; they are then the evidence
+    (``evidence_*``: what the metrics, the alert and the autopilot read; fewer tokens, but exact), and
+    ``acceptance`` is the top-k lower bound, at the generated positions ``bound_positions`` (None: at
+    every token).
     """
 
-    acceptance: np.ndarray  # [N] float64 in [0, 1]
+    acceptance: np.ndarray  # [N] float64 in [0, 1], or [len(bound_positions)]
     basis_lengths: np.ndarray  # [N] int64
     kind: str  # EXACT or TOPK_LOWER_BOUND
     exact: KeptAcceptance | None = None
+    bound_positions: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        expected = self.basis_lengths.shape if self.bound_positions is None else np.shape(self.bound_positions)
+        assert self.acceptance.shape == expected, (self.acceptance.shape, expected)
 
     @property
     def has_exact_subsample(self) -> bool:
@@ -67,7 +74,9 @@ class AcceptanceScores:
 
     @property
     def evidence_basis_lengths(self) -> np.ndarray:
-        return self.basis_lengths[self.exact.positions] if self.has_exact_subsample else self.basis_lengths
+        if self.has_exact_subsample:
+            return self.basis_lengths[self.exact.positions]
+        return self.basis_lengths if self.bound_positions is None else self.basis_lengths[self.bound_positions]
 
     @property
     def n_tokens(self) -> int:
@@ -86,7 +95,8 @@ class AcceptanceScores:
 
     @property
     def bound_p5(self) -> float:
-        """p5 of ``acceptance`` over every token (the lower bound when ``kind`` is the top-k bound)."""
+        """p5 of ``acceptance`` (the lower bound when ``kind`` is the top-k bound), over every token or over
+        ``bound_positions``."""
         return float(np.quantile(self.acceptance, 0.05)) if self.acceptance.size else float("nan")
 
 
@@ -197,25 +207,34 @@ class HFScorer:
 def score_rollout(scorer: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
                   temperature: float, adapter: str | None = None, sparse_topk: tuple[Tensor, Tensor] | None = None,
                   sparse_logits: Tensor | None = None, rid: str | None = None,
-                  exact_keep: KeptPositions | None = None) -> AcceptanceScores:
-    """Acceptance of one rollout: exact unless only the recorded top-k ([N, K] ids, logprobs) is given;
-    with ``exact_keep`` (and ``rid``, the rollout's engine id) the bound comes with the exact values at
-    the kept positions (``scorer.dense_topk_exact``)."""
+                  exact_keep: KeptPositions | None = None, bound_k: int = BOUND_TOPK) -> AcceptanceScores:
+    """Acceptance of one rollout: with ``exact_keep`` (and ``rid``, the rollout's engine id) the exact values at
+    the kept positions and their top-``bound_k`` bound (``scorer.dense_exact``); else exact unless only the
+    recorded top-k ([N, K] ids, logprobs) is given (the top-k bound of every token)."""
+    basis = completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids))
+    if exact_keep is not None:
+        exact = scorer.dense_exact(prompt_ids, completion_ids, bound_k, temperature, rid, exact_keep)
+        return _kept_scores(exact, basis)
     if sparse_topk is None:
         return scorer.exact(prompt_ids, completion_ids, schedule, temperature, adapter, sparse_logits)
     ids, logprobs = sparse_topk
     if ids.shape != logprobs.shape or ids.dim() != 2 or ids.shape[0] != len(completion_ids):
         raise ValueError(f"sparse_topk: ids {tuple(ids.shape)} and logprobs {tuple(logprobs.shape)} must both be "
                          f"[{len(completion_ids)}, K]")
-    exact = None
-    if exact_keep is not None and rid is not None:
-        dense_ids, dense_lp, exact = scorer.dense_topk_exact(prompt_ids, completion_ids, ids.shape[1], temperature,
-                                                             rid, exact_keep)
-    else:
-        dense_ids, dense_lp = scorer.dense_topk(prompt_ids, completion_ids, ids.shape[1], temperature)
+    dense_ids, dense_lp = scorer.dense_topk(prompt_ids, completion_ids, ids.shape[1], temperature)
     acc = topk_acceptance_lower_bound(ids, logprobs, dense_ids.cpu(), dense_lp.cpu()).double().numpy()
-    return AcceptanceScores(acc, completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids)), TOPK_LOWER_BOUND,
-                            exact)
+    return AcceptanceScores(acc, basis, TOPK_LOWER_BOUND)
+
+
+def _kept_scores(exact: KeptAcceptance, basis: np.ndarray) -> AcceptanceScores:
+    """The exact subsample as the evidence; its bound, at the same positions, as ``acceptance``."""
+    if exact.n_tokens == 0:  # a completion shorter than its first kept position, or no row stored
+        raise ValueError(f"no exact acceptance at any kept position of {basis.size} generated tokens "
+                         f"({len(exact.missing)} kept positions missing)")
+    if exact.bound is None:
+        raise ValueError("the exact acceptance came without its top-k bound")
+    return AcceptanceScores(np.asarray(exact.bound, dtype=np.float64), basis, TOPK_LOWER_BOUND, exact,
+                            bound_positions=np.asarray(exact.positions, dtype=np.int64))
 
 
 __all__ = [

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from sparrow_server.stats.acceptance import exact_acceptance
+from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
 
 DEFAULT_STRIDE = 16  # 96 KiB per kept row at V = 49,152: 48 MiB for an 8K-token request
 SEED_LIMIT = 1 << 53  # seeds drawn below this (exact in any JSON reader); any 64-bit seed is accepted
@@ -136,6 +136,13 @@ def kept_acceptance(compact_rows: Tensor, dense_logits: Tensor) -> Tensor:
     return exact_acceptance(compact_rows.float(), dense_logits.to(compact_rows.device).float())
 
 
+def kept_bound(sparse_logits: Tensor, dense_logits: Tensor, k: int) -> Tensor:
+    """The top-``k`` lower bound (``topk_acceptance_lower_bound``, temperature 1) of each pair of rows, what
+    a trainer comparing top-k lists would compute there. [K, V], [K, V] -> [K] float32."""
+    k = min(int(k), sparse_logits.shape[-1])
+    return topk_acceptance_lower_bound(*logits_to_topk(sparse_logits, k), *logits_to_topk(dense_logits, k)).float()
+
+
 @dataclass(frozen=True)
 class KeptAcceptance:
     """The dense pass's exact values at one rollout's kept positions.
@@ -143,24 +150,32 @@ class KeptAcceptance:
     ``positions``: [K] int64 kept positions that have a value; ``acceptance``: [K] float64;
     ``missing``: kept positions (< the completion length) without one (no sparse row stored: the
     request was re-prefilled there, or the row store was full), reported, never filled in.
+    ``bound``: [K] float64, the top-k lower bound of the same two rows at the same positions (what a
+    trainer comparing top-k lists would see; never above ``acceptance``), or None when not computed.
     """
 
     positions: np.ndarray
     acceptance: np.ndarray
     missing: tuple[int, ...] = ()
+    bound: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if np.shape(self.positions) != np.shape(self.acceptance) or np.ndim(self.positions) != 1:
             raise ValueError(f"positions {np.shape(self.positions)} and acceptance {np.shape(self.acceptance)}: "
                              "must be the same [K]")
+        if self.bound is not None and np.shape(self.bound) != np.shape(self.positions):
+            raise ValueError(f"bound {np.shape(self.bound)}: must be [K] like positions {np.shape(self.positions)}")
 
     @property
     def n_tokens(self) -> int:
         return int(np.size(self.acceptance))
 
     def to_dict(self) -> dict[str, list]:
-        return {"positions": [int(p) for p in self.positions], "acceptance": [float(a) for a in self.acceptance],
-                "missing": [int(m) for m in self.missing]}
+        out = {"positions": [int(p) for p in self.positions], "acceptance": [float(a) for a in self.acceptance],
+               "missing": [int(m) for m in self.missing]}
+        if self.bound is not None:
+            out["bound"] = [float(b) for b in self.bound]
+        return out
 
     @classmethod
     def from_dict(cls, data: object, kept: KeptPositions, n_generated: int) -> "KeptAcceptance":
@@ -168,15 +183,22 @@ class KeptAcceptance:
         if not isinstance(data, dict):
             raise ValueError(f"exact acceptance = {data!r}: must be an object")
         positions = np.asarray(data.get("positions", []), dtype=np.int64).ravel()
-        acceptance = np.asarray(data.get("acceptance", []), dtype=np.float64).ravel()
+        acceptance = _unit_values("acceptance", data.get("acceptance", []))
+        bound = None if data.get("bound") is None else _unit_values("bound", data["bound"])
         missing = tuple(int(m) for m in data.get("missing", []))
         expected = set(kept.positions(n_generated).tolist())
         wrong = sorted(set(positions.tolist()) - expected) + sorted(set(missing) - expected)
         if wrong:
             raise ValueError(f"positions = {wrong[:5]}: not kept positions ({kept}) below {n_generated}")
-        if acceptance.size and not ((acceptance >= 0) & (acceptance <= 1)).all():
-            raise ValueError(f"acceptance = {acceptance.tolist()[:5]}...: values must be in [0, 1]")
-        return cls(positions, acceptance, missing)
+        return cls(positions, acceptance, missing, bound)
 
 
-__all__ = ["DEFAULT_STRIDE", "SEED_LIMIT", "KeptPositions", "KeptAcceptance", "choose_kept_positions", "kept_acceptance"]
+def _unit_values(name: str, values: object) -> np.ndarray:
+    out = np.asarray(values, dtype=np.float64).ravel()
+    if out.size and not ((out >= 0) & (out <= 1)).all():
+        raise ValueError(f"{name} = {out.tolist()[:5]}...: values must be in [0, 1]")
+    return out
+
+
+__all__ = ["DEFAULT_STRIDE", "SEED_LIMIT", "KeptPositions", "KeptAcceptance", "choose_kept_positions", "kept_acceptance",
+           "kept_bound"]

@@ -318,7 +318,9 @@ def test_verified_rollout_on_sglang_reports_topk_acceptance_without_the_adapter(
 
 def test_verified_rollout_on_sglang_reads_exact_values_at_kept_positions_and_keeps_the_bound():
     """With exact acceptance on a subsample, the evidence (meta, metrics) is the exact values at the kept
-    positions, the bound stays reported as such; without the payload the bound is used and labelled so."""
+    positions, and the top-k bound of the same positions stays reported as such; nothing is recorded per
+    token (no top-k while decoding, none in the verify prefill); without the payload the rollout is
+    reported unscored, with the reason."""
     rt = FakeRuntime()
     outer, engine, _ = _hosted(rt, exact_stride=2, verify_fraction=0.0)
     with TestClient(outer) as client:
@@ -337,15 +339,20 @@ def test_verified_rollout_on_sglang_reads_exact_values_at_kept_positions_and_kee
         assert sub["positions"] == KeptPositions.from_dict(kept).positions(12).tolist() and sub["missing"] == []
         assert len(sub["acceptance"]) == 6
         assert float(np.quantile(sub["acceptance"], 0.05)) == pytest.approx(meta["acceptance_p5"])
+        assert len(sub["bound"]) == 6 and all(b <= a + 1e-9 for a, b in zip(sub["acceptance"], sub["bound"]))
+        assert float(np.quantile(sub["bound"], 0.05)) == pytest.approx(meta["acceptance_lower_bound_p5"])
+        assert sparse_call["top_logprobs_num"] is None  # nothing recorded per token while decoding
         verify_call = next(c for c in rt.calls if not c.get("stream"))
         assert verify_call["sampling_params"]["max_new_tokens"] == 1  # customized_info needs one output token
+        assert "top_logprobs_num" not in verify_call and verify_call["logprob_start_len"] == -1  # no per-position lists
+        assert verify_call["sampling_params"]["custom_params"][exact_wire.VERIFY_PARAM]["k"] == 20
         assert verify_call["sampling_params"]["custom_params"][exact_wire.VERIFY_PARAM]["rid"] == sparse_call["rid"]
         text = client.get("/metrics").text
         assert "sparrow_verified_tokens_total" in text and 'sparrow_verified_tokens_total{schedule="dense"} 6.0' in text
-        rt.exact_payload = False  # the hooks did not run: the bound, not mixed into exact windows
+        rt.exact_payload = False  # the hooks did not run: no evidence; the rollout is counted unscored, with why
         meta = client.post("/rollout", json=body).json()["meta"]
-        assert meta["acceptance_kind"] == "topk_lower_bound" and meta["verified_tokens"] == 12
-        assert "exact_subsample" not in meta
+        assert "acceptance_kind" not in meta and "exact_subsample" not in meta
+        assert exact_wire.RESULT_KEY in meta["acceptance_error"], meta
         text = client.get("/metrics").text
         assert 'sparrow_verified_tokens_total{schedule="dense"} 6.0' in text
         assert 'sparrow_verified_unscored_tokens_total{schedule="dense"} 12.0' in text

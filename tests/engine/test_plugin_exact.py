@@ -1,7 +1,8 @@
 """Exact acceptance on kept positions in the plug-in's scheduler hooks (issue 25), on stand-ins for
 SGLang's batch objects (CPU): rows stored only at kept positions, freed by the verify pass or an abort,
 and the verify pass's values equal to float64 exact acceptance of the same rows, which an off-by-one
-position or rows kept as raw bfloat16 logits would miss."""
+position or rows kept as raw bfloat16 logits would miss; beside each value, the top-20 lower bound of the
+same two rows (at a dense step, of the dense row with itself)."""
 from __future__ import annotations
 
 import types
@@ -12,7 +13,7 @@ import torch
 
 from sparrow_server.sglang_plugin.scheduler import exact_hooks, exact_verify, state
 from sparrow_server.stats import exact_wire
-from sparrow_server.stats.acceptance import exact_acceptance
+from sparrow_server.stats.acceptance import exact_acceptance, logits_to_topk, topk_acceptance_lower_bound
 from sparrow_server.stats.exact_subsample import KeptPositions
 
 H, V, P, N = 16, 512, 5, 40
@@ -87,9 +88,9 @@ def _rollout(world, rid="r1", kept=KEPT, lora_id=None):
     return req
 
 
-def _verify(world, rid="r1", kept=KEPT, chunks=((0, 20), (20, P + N - 20))):
-    """The dense verify prefill in chunks, after a 3-token request in the same batch."""
-    verify = _req("v-" + rid, exact_wire.encode_verify(exact_wire.ExactVerify(rid, P, N, kept)))
+def _verify(world, rid="r1", kept=KEPT, chunks=((0, 20), (20, P + N - 20)), k=exact_wire.BOUND_TOPK):
+    """The dense verify prefill in chunks, after a 3-token request in the same batch (``k``: the bound's lists)."""
+    verify = _req("v-" + rid, exact_wire.encode_verify(exact_wire.ExactVerify(rid, P, N, kept, k)))
     other = _req("x", prompt_len=3)
     proc = Processor()
     for prefix, extend in chunks:
@@ -108,6 +109,14 @@ def _truth(world, positions):
     return exact_acceptance(world.sparse.double()[positions], dense[positions]).numpy()
 
 
+def _dense_rows(world, positions):
+    return (world.dense_hidden[P - 1:P + N - 1].to(torch.bfloat16) @ world.w.to(torch.bfloat16)).double()[positions]
+
+
+def _truth_bound(sparse_rows, dense_rows, k=exact_wire.BOUND_TOPK):
+    return topk_acceptance_lower_bound(*logits_to_topk(sparse_rows.double(), k), *logits_to_topk(dense_rows, k)).numpy()
+
+
 def _payload(req):
     info = req.customized_info or {}
     (payload,) = info[exact_wire.RESULT_KEY]
@@ -118,6 +127,10 @@ def _check(world, payload):
     expected = KEPT.positions(N).tolist()
     assert payload["positions"] == expected and payload["missing"] == []
     assert np.abs(np.array(payload["acceptance"]) - _truth(world, expected)).max() < TOL
+    bound = np.array(payload["bound"])
+    assert np.abs(bound - _truth_bound(world.sparse[expected], _dense_rows(world, expected))).max() < TOL
+    assert (bound <= np.array(payload["acceptance"]) + TOL).all()
+    assert (np.array(payload["acceptance"]) - bound).max() > 2 * TOL  # reporting the value as its bound would fail above
 
 
 def test_rows_are_stored_only_at_kept_positions_and_freed_by_the_verify_pass(world):
@@ -253,11 +266,14 @@ def test_a_dense_step_scores_one_and_keeps_no_row(world, monkeypatch):
     _rollout(world, kept=kept)
     entry = state.exact_store().entry("r1")
     assert sorted(entry.rows) == [24, 32] and entry.scores == {0: 1.0, 8: 1.0, 16: 1.0}
-    payload = _payload(_verify(world, kept=kept))
+    payload = _payload(_verify(world, kept=kept, k=2))  # top-2 lists: their mass is well below 1 on these rows
     assert payload["positions"] == [0, 8, 16, 24, 32] and payload["missing"] == []
     assert payload["acceptance"][:3] == [1.0, 1.0, 1.0]
     assert np.abs(np.array(payload["acceptance"][3:]) - _truth(world, [24, 32])).max() < TOL
     assert min(_truth(world, [0, 8, 16])) < 0.99  # measuring those rows would have given other values
+    dense = _dense_rows(world, [0, 8, 16])  # a dense step's two lists are the dense row's: the bound is its top-20 mass
+    assert np.abs(np.array(payload["bound"][:3]) - _truth_bound(dense, dense, k=2)).max() < TOL
+    assert min(payload["bound"][:3]) < 1 - 10 * TOL  # not the value (1): the check above has teeth
 
 
 def test_a_step_past_the_last_token_stays_out_of_the_payload(world, monkeypatch):
@@ -284,6 +300,6 @@ def test_a_dense_step_under_an_adapter_is_measured(world, monkeypatch):
     _rollout(world, kept=kept, lora_id="distill-v2")
     entry = state.exact_store().entry("r1")
     assert sorted(entry.rows) == [0, 8, 16, 24, 32] and entry.scores == {}
-    payload = _payload(_verify(world, kept=kept))
+    payload = _payload(_verify(world, kept=kept, k=2))  # top-2 lists: their mass is well below 1 on these rows
     assert payload["positions"] == [0, 8, 16, 24, 32] and payload["missing"] == []
     assert np.abs(np.array(payload["acceptance"]) - _truth(world, [0, 8, 16, 24, 32])).max() < TOL

@@ -10,7 +10,8 @@ The independent value is ``Σ min(p_sparse, p_dense)`` in float64 over those ful
 match it within ``TOL`` at every kept position, none missing, and an off-by-one comparison must not (the
 check has teeth). A second verify request for the same rollout finds its rows freed. The same prompt under
 the dense schedule scores 1 at every kept position (the dense step), where the decode's and the verify's full
-logprobs differ. Results go to ``$OUT/exact_acceptance.json``. Breaks ``exact_capture_off_by_one`` and
+logprobs differ. Beside each value, the top-20 lower bound of the same two rows, against the same
+independent lists. Results go to ``$OUT/exact_acceptance.json``. Breaks ``exact_capture_off_by_one`` and
 ``exact_dense_step_measured`` (``benchmarks/gpu_host/breaks.py``).
 """
 from __future__ import annotations
@@ -84,6 +85,16 @@ def _sigma_min(sparse: dict[int, float], dense: dict[int, float]) -> float:
     return sum(min(p, dense.get(i, 0.0)) for i, p in sparse.items())
 
 
+def _top(probs: dict[int, float], k: int = exact_wire.BOUND_TOPK) -> dict[int, float]:
+    return dict(sorted(probs.items(), key=lambda item: item[1], reverse=True)[:k])
+
+
+def _topk_bound(sparse: dict[int, float], dense: dict[int, float]) -> float:
+    """The top-k lower bound of the two distributions: ids in both top-k lists, min of their probabilities."""
+    top_s, top_d = _top(sparse), _top(dense)
+    return sum(min(p, top_d[i]) for i, p in top_s.items() if i in top_d)
+
+
 def _rollout(base: str, rid: str, prompt: list[int], schedule) -> dict:
     """``NEW`` tokens at temperature 1 under ``schedule``, kept positions ``KEPT``, full top logprobs."""
     return _post(base, {"rid": rid, "input_ids": prompt, "return_logprob": True, "top_logprobs_num": VOCAB,
@@ -118,6 +129,7 @@ def _run(base: str, rid: str) -> dict:
     return {"n": len(completion), "payload": dense["meta_info"].get(exact_wire.RESULT_KEY),
             "again": again["meta_info"].get(exact_wire.RESULT_KEY),
             "independent": [_sigma_min(s, d) for s, d in zip(sparse_rows, dense_rows)],
+            "independent_bound": [_topk_bound(s, d) for s, d in zip(sparse_rows, dense_rows)],
             "shifted": [_sigma_min(s, d) for s, d in zip(sparse_rows[1:], dense_rows[:-1])],
             "dense_schedule": _run_dense(base, rid + "-dense", prompt)}
 
@@ -130,7 +142,8 @@ def _run_dense(base: str, rid: str, prompt: list[int]) -> dict:
     verify = _verify(base, rid, prompt, completion)
     decode_rows, verify_rows = _rows(rollout, verify, len(completion))
     return {"n": len(completion), "payload": verify["meta_info"].get(exact_wire.RESULT_KEY),
-            "measured": [_sigma_min(s, d) for s, d in zip(decode_rows, verify_rows)]}
+            "measured": [_sigma_min(s, d) for s, d in zip(decode_rows, verify_rows)],
+            "verify_top_mass": [_topk_bound(d, d) for d in verify_rows]}
 
 
 def _serve(tmp, model, name: str, args: list[str]) -> dict:
@@ -161,6 +174,17 @@ def test_exact_values_match_the_full_logprobs_at_every_kept_position(result):
     assert min(want) < 0.99  # the sparse rollout really differs from dense somewhere: the check is not vacuous
 
 
+def test_the_bound_beside_each_value_is_the_top_k_bound_of_the_same_rows(result):
+    """The payload's ``bound``: the top-20 lower bound of the stored sparse row and the dense row, what a trainer
+    comparing top-20 lists computes; below the value, and far enough from it somewhere that reporting the value
+    as its bound would fail."""
+    got = result["payload"][0]
+    want = [result["independent_bound"][g] for g in got["positions"]]
+    assert max(abs(a - b) for a, b in zip(got["bound"], want)) < TOL, list(zip(got["positions"], got["bound"], want))
+    assert all(b <= a + TOL for a, b in zip(got["acceptance"], got["bound"]))
+    assert max(a - b for a, b in zip(got["acceptance"], got["bound"])) > 10 * TOL
+
+
 def test_an_off_by_one_comparison_would_fail(result):
     got = result["payload"][0]
     shifted = [result["shifted"][g - 1] for g in got["positions"] if g >= 1]
@@ -183,4 +207,6 @@ def test_a_dense_step_scores_one_where_measuring_would_not(result):
     kept = KEPT.positions(dense["n"]).tolist()
     assert payload[0]["positions"] == kept and payload[0]["missing"] == []
     assert payload[0]["acceptance"] == [1.0] * len(kept)
+    # the bound of a dense step: both lists are the dense row's, so it is that row's top-20 mass
+    assert max(abs(b - dense["verify_top_mass"][g]) for g, b in zip(kept, payload[0]["bound"])) < TOL
     assert min(dense["measured"][g] for g in kept) < 1.0 - 1e-6, "decode and verify agree exactly: the check is vacuous"

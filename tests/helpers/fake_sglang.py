@@ -79,7 +79,7 @@ class FakeRuntime:
     async def generate(self, **kw: Any) -> dict[str, Any]:
         """The dense prefill: prompt logprobs from ``logprob_start_len`` on (first one has no logprob)."""
         self.calls.append(kw)
-        rows = self._prompt_rows(kw["input_ids"], kw["logprob_start_len"], kw["top_logprobs_num"], self.dense_shift)
+        rows = self._prompt_rows(kw["input_ids"], kw["logprob_start_len"], kw.get("top_logprobs_num"), self.dense_shift)
         meta = {**rows, "weight_version": self.weight_version}
         verify = exact_wire.decode_verify(kw["sampling_params"].get("custom_params"))
         if verify is not None and self.exact_payload:
@@ -87,15 +87,19 @@ class FakeRuntime:
         return {"output_ids": [], "meta_info": meta}
 
     def _exact(self, verify: exact_wire.ExactVerify) -> dict[str, Any]:
-        """Σ min(p_sparse, p_dense) over the whole vocabulary at each kept position."""
+        """Σ min(p_sparse, p_dense) over the whole vocabulary at each kept position, and over the ids in both
+        top-``k`` lists (the bound)."""
         positions = [int(g) for g in verify.kept.positions(verify.n_generated)]
-        values = []
+        values, bounds = [], []
         for g in positions:
             p = verify.prompt_len + g
             sparse = {i: lp for lp, i in distribution(p, VOCAB)}
             dense = {i: lp for lp, i in distribution(p, VOCAB, self.dense_shift)}
             values.append(sum(min(math.exp(lp), math.exp(dense[i])) for i, lp in sparse.items()))
-        return {"positions": positions, "acceptance": values, "missing": []}
+            top_dense = {i for _, i in sorted(((lp, i) for i, lp in dense.items()), reverse=True)[:verify.k]}
+            bounds.append(sum(min(math.exp(lp), math.exp(dense[i])) for lp, i in distribution(p, verify.k)
+                              if i in top_dense))
+        return {"positions": positions, "acceptance": values, "missing": [], "bound": bounds}
 
     def _prompt_rows(self, ids: list[int], start: int, k: int | None, shift: float = 0.0) -> dict[str, Any]:
         """SGLang's input logprobs of ``ids[start:]``: the first one None."""

@@ -259,11 +259,12 @@ class SGLangEngine(Engine):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def dense_scoring(self) -> DenseScoring:
-        """Dense verification by a dense, adapter-free prefill on this server."""
+        """Dense verification by a dense, adapter-free prefill on this server: exact on the kept positions, which
+        records nothing per token, or (exact stride 0) the top-k bound, which records the sparse top-k."""
         from sparrow_server.sglang_plugin.frontend.verification import SGLangDenseScorer
 
-        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), SGLangDenseScorer.RECORD_TOPK,
-                            exact_stride=self.exact_stride)
+        record_topk = 0 if self.exact_stride else SGLangDenseScorer.RECORD_TOPK
+        return DenseScoring(SGLangDenseScorer(self._runtime, lambda: self._loop), record_topk, exact_stride=self.exact_stride)
 
 
 def build_sglang_engine(options):

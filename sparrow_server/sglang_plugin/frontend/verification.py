@@ -1,17 +1,22 @@
-"""Dense verification on the SGLang engine: the dense policy's top-k per generated token, from one
-prefill-only request (``max_new_tokens: 0``) on the same server, with the ``dense`` schedule and
-no LoRA adapter (the dense policy is the base model).
+"""Dense verification on the SGLang engine, by a prefill-only request on the same server with the
+``dense`` schedule and no LoRA adapter (the dense policy is the base model). Two modes:
 
-The sparse side is the top-k SGLang recorded while decoding (``record_topk`` = 20 for verified
-requests), so the acceptance is the top-k lower bound. SGLang returns prompt logprobs at
-temperature 1 (no temperature scaling on input positions), so only requests whose logprobs are at
-temperature 1 (``temperature`` 1, or greedy) can be verified here; others fail with a reason.
+- exact on a subsample (issue 25, the default: ``SPARROW_EXACT_STRIDE`` > 0): a request admitted with
+  kept positions (``stats.exact_wire.KEEP_PARAM``) had its sparse rows stored by the scheduler there;
+  the dense prefill carries ``VERIFY_PARAM`` and the scheduler returns, at those positions, the exact
+  value and the top-k lower bound of the same two rows in ``meta_info[RESULT_KEY]``. Nothing is
+  recorded per token while decoding and no per-position logprobs come back: on a 2 x H200 host,
+  8 x 4K-token rollouts spent 20 s more verified than plain when they did (the top-20 lists of every
+  token built and copied into tensors in Python), ``benchmarks/results/fidelity/verify_cost/``. It asks
+  for one new token (``max_new_tokens`` 1, not 0): SGLang hands a request's ``customized_info`` out per
+  output token, and a prefill-only request reports none. ``return_logprob`` stays on (for that token
+  only): it keeps SGLang's logits processor eager in a prefill graph, where the plug-in's hook runs.
+- the top-k bound on every token (exact stride 0): the sparse side is the top-k SGLang recorded while
+  decoding (``record_topk`` = 20), the dense side the top-k input logprobs of every completion position.
 
-Exact acceptance on a subsample (issue 25): a request admitted with kept positions
-(``stats.exact_wire.KEEP_PARAM``) had its sparse rows stored by the scheduler there; the same dense
-prefill then carries ``VERIFY_PARAM`` and returns the exact values at those positions in
-``meta_info[RESULT_KEY]``. It asks for one new token (``max_new_tokens`` 1, not 0): SGLang hands a
-request's ``customized_info`` out per output token, and a prefill-only request reports none.
+SGLang returns prompt logprobs at temperature 1 (no temperature scaling on input positions), so only
+requests whose logprobs are at temperature 1 (``temperature`` 1, or greedy) can be verified here;
+others fail with a reason.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK
+from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK, topk_tensors
+from sparrow_server.sglang_plugin.frontend.engine import PROMPT_LOGPROBS_OFF
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import dense_schedule
 from sparrow_server.stats import exact_wire
@@ -34,16 +40,17 @@ DEFAULT_TIMEOUT_S = 600.0
 
 def dense_prefill_kwargs(prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int,
                          exact: exact_wire.ExactVerify | None = None) -> dict[str, Any]:
-    """The ``GenerateReqInput`` fields of the dense scoring prefill (``exact``: also the exact values)."""
+    """The ``GenerateReqInput`` fields of the dense scoring prefill: the top-``k`` input logprobs of every
+    completion position, or (``exact``) the exact values and their bound at the kept positions alone."""
     custom = wire.encode_schedule(dense_schedule())
-    if exact is not None:
-        custom.update(exact_wire.encode_verify(exact))
-    return {
-        "input_ids": [*prompt_ids, *completion_ids],
-        "sampling_params": {"max_new_tokens": 0 if exact is None else 1, "temperature": 1.0, "custom_params": custom},
-        "return_logprob": True, "logprob_start_len": max(len(prompt_ids) - 1, 0), "top_logprobs_num": k,
-        "lora_path": None,
-    }
+    fields: dict[str, Any] = {"input_ids": [*prompt_ids, *completion_ids], "return_logprob": True, "lora_path": None}
+    if exact is None:
+        sampling = {"max_new_tokens": 0, "temperature": 1.0, "custom_params": custom}
+        return fields | {"sampling_params": sampling, "logprob_start_len": max(len(prompt_ids) - 1, 0),
+                         "top_logprobs_num": k}
+    custom.update(exact_wire.encode_verify(exact))
+    sampling = {"max_new_tokens": 1, "temperature": 1.0, "custom_params": custom}
+    return fields | {"sampling_params": sampling, "logprob_start_len": PROMPT_LOGPROBS_OFF}
 
 
 def topk_from_prefill_meta(meta: dict[str, Any], completion_ids: Sequence[int], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,12 +69,7 @@ def topk_from_prefill_meta(meta: dict[str, Any], completion_ids: Sequence[int], 
     got = [int(t[1]) for t in tokens[len(tokens) - n:]]
     if got != [int(t) for t in completion_ids]:
         raise ValueError("dense prefill logprobs do not line up with the completion's token ids")
-    ids = torch.full((n, k), -1, dtype=torch.long)
-    lps = torch.full((n, k), float("-inf"), dtype=torch.float64)
-    for row, entries in enumerate(tops[len(tops) - n:]):
-        for col, entry in enumerate((entries or [])[:k]):
-            lps[row, col], ids[row, col] = float(entry[0]), int(entry[1])
-    return ids, lps
+    return topk_tensors([[(e[0], e[1]) for e in (entries or [])[:k]] for entries in tops[len(tops) - n:]], k)
 
 
 def exact_from_meta(meta: dict[str, Any], exact: exact_wire.ExactVerify) -> KeptAcceptance:
@@ -112,26 +114,21 @@ class SGLangDenseScorer:
         self._last_version = out["meta_info"].get("weight_version")
         return out["meta_info"]
 
-    def dense_topk_exact(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int, temperature: float,
-                         rid: str, kept: KeptPositions) -> tuple[torch.Tensor, torch.Tensor, KeptAcceptance | None]:
-        """``dense_topk`` and, from the same prefill, the exact values at the positions ``kept`` of the
-        rollout ``rid`` (None, logged, when the response has none: the bound still stands)."""
-        exact = exact_wire.ExactVerify(rid, len(prompt_ids), len(completion_ids), kept)
-        meta = self._prefill(prompt_ids, completion_ids, k, temperature, exact)
-        ids, lps = topk_from_prefill_meta(meta, completion_ids, k)
-        try:
-            return ids, lps, exact_from_meta(meta, exact)
-        except ValueError as exc:
-            log.warning("rollout %s: no exact acceptance from the dense prefill (%s); the top-k bound stands", rid, exc)
-            return ids, lps, None
+    def dense_exact(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], k: int, temperature: float,
+                    rid: str, kept: KeptPositions) -> KeptAcceptance:
+        """The exact values, and their top-``k`` bound, at the positions ``kept`` of the rollout ``rid`` (its
+        sparse rows stored by the scheduler); ``ValueError`` when the response has none (the plug-in's
+        hooks did not run for it)."""
+        exact = exact_wire.ExactVerify(rid, len(prompt_ids), len(completion_ids), kept, k)
+        return exact_from_meta(self._prefill(prompt_ids, completion_ids, k, temperature, exact), exact)
 
     def weight_version(self) -> str | None:
         """The weight version SGLang reported for the last dense prefill (checked against the rollout's)."""
         return self._last_version
 
     def exact(self, *args: Any, **kwargs: Any):
-        raise ValueError("the SGLang engine has no exact (full-distribution) verification: the sparse top-k "
-                         "must be recorded (record_topk > 0)")
+        raise ValueError("the SGLang engine has no exact verification of every token: exact values come on the "
+                         "kept positions (SPARROW_EXACT_STRIDE > 0), or the top-k bound from the recorded top-k")
 
 
 __all__ = ["SGLangDenseScorer", "dense_prefill_kwargs", "exact_from_meta", "topk_from_prefill_meta"]

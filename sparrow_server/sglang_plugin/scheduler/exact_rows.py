@@ -53,6 +53,7 @@ class Entry:
     rows: dict[int, Tensor] = field(default_factory=dict)  # generated position -> [V] float16
     invalid: set[int] = field(default_factory=set)  # kept positions whose row is not sparse decode's
     scores: dict[int, float] = field(default_factory=dict)  # generated position -> exact acceptance
+    bounds: dict[int, float] = field(default_factory=dict)  # generated position -> top-k lower bound
 
 
 class RowStore:

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from sparrow_server.sglang_plugin.scheduler.exact_rows import RowStore, req_verify
 from sparrow_server.stats import exact_wire
-from sparrow_server.stats.exact_subsample import KeptAcceptance, kept_acceptance
+from sparrow_server.stats.exact_subsample import KeptAcceptance, kept_acceptance, kept_bound
 
 
 @dataclass(frozen=True)
@@ -60,20 +60,26 @@ def verify_jobs(reqs: Sequence[Any], prefix_lens: Sequence[int], extend_lens: Se
 
 def score_chunk(job: VerifyJob, store: RowStore, dense_rows: Callable[[Tensor], Tensor], device: Any) -> None:
     """Score this chunk's kept positions into the sparse request's entry (``dense_rows``: hidden-state
-    row indices [K] -> dense logits [K, V])."""
+    row indices [K] -> dense logits [K, V]): the exact value where a sparse row is stored, and at those
+    and at the dense steps (value 1, no row: the two lists are the dense row's) the top-k lower bound."""
     v = job.verify
     entry = store.open(v.rid, v.kept)  # an entry with no rows: every position is reported missing
     positions = job.positions_here()
     if not positions:
         return
     index = torch.tensor([job.hidden_index(g) for g in positions], dtype=torch.long, device=device)
-    dense = dense_rows(index)
+    dense = dense_rows(index).float()
     have = [k for k, g in enumerate(positions) if g in entry.rows]
-    if not have:
+    dense_steps = [k for k, g in enumerate(positions) if g not in entry.rows and g in entry.scores]
+    if not have and not dense_steps:
         return
-    sparse = torch.stack([entry.rows[positions[k]] for k in have])
-    values = kept_acceptance(sparse, dense[have]).tolist()  # one sync per verify chunk, not per decode step
+    sparse = torch.stack([entry.rows[positions[k]] for k in have]) if have else dense[:0].half()
+    values = kept_acceptance(sparse, dense[have])
+    bounds = [kept_bound(sparse.float(), dense[have], v.k), kept_bound(dense[dense_steps], dense[dense_steps], v.k)]
+    both = torch.cat([values.float(), *bounds]).tolist()  # one sync per verify chunk, not per decode step
+    values, bounds = both[:len(have)], both[len(have):]
     entry.scores.update({positions[k]: float(a) for k, a in zip(have, values)})
+    entry.bounds.update({positions[k]: float(b) for k, b in zip(have + dense_steps, bounds)})
 
 
 def finish(job: VerifyJob, store: RowStore) -> KeptAcceptance:
@@ -86,8 +92,9 @@ def finish(job: VerifyJob, store: RowStore) -> KeptAcceptance:
     scored = [g for g in kept if g in entry.scores]
     missing = tuple(g for g in kept if g not in entry.scores)
     store.free(v.rid)
-    return KeptAcceptance(np.asarray(scored, dtype=np.int64),
-                          np.asarray([entry.scores[g] for g in scored], dtype=np.float64), missing)
+    bound = [entry.bounds.get(g) for g in scored]
+    return KeptAcceptance(np.asarray(scored, dtype=np.int64), np.asarray([entry.scores[g] for g in scored], dtype=np.float64),
+                          missing, None if None in bound else np.asarray(bound, dtype=np.float64))
 
 
 def publish(req: Any, result: KeptAcceptance) -> None:
