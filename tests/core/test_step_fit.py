@@ -132,15 +132,15 @@ def test_cost_cli_predicts_every_committed_rollout(preset, capsys):
 def test_rollout_breakdown_adds_up_and_the_logs_cover_the_wall(preset):
     """The per-rollout table: its parts add up to the prediction, and the server log's lines cover the measured
     wall time but for the prefill and each wave's first 40 steps (within 2%), so the fit compares decode with
-    decode. Every committed rollout on the GPU has a row, the earlier kernels' marked as not fitted."""
+    decode. Every committed rollout on the GPU has a row, those of earlier kernels or later code marked as not fitted."""
     points = fsc.preset_points(preset)
     rows = fsc.rollout_breakdown(preset, {p.name: 0.0 for p in points})[2:]
-    rollouts = _committed_rollouts(preset, fsc.FIT_SOURCES[preset] + fsc.EARLIER_KERNELS[preset])
+    rollouts = _committed_rollouts(preset, fsc.reported_calls(preset))
     assert len(rows) == len(rollouts)
     for row, (w, p) in zip(rows, rollouts):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[0].startswith(p.name)
-        assert ("not fitted" in cells[0]) == (w.source.split(":")[0] in fsc.EARLIER_KERNELS[preset])
+        assert ("not fitted" in cells[0]) == (w.source.split(":")[0] not in fsc.FIT_SOURCES[preset])
         measured, in_log, *parts, predicted = (float(c) for c in cells[2:-2])
         assert measured == pytest.approx(p.measured_s, abs=0.05)
         assert sum(parts) == pytest.approx(predicted, abs=0.05 * len(parts) + 0.05)
