@@ -5,9 +5,10 @@
   kept positions (``stats.exact_wire.KEEP_PARAM``) had its sparse rows stored by the scheduler there;
   the dense prefill carries ``VERIFY_PARAM`` and the scheduler returns, at those positions, the exact
   value and the top-k lower bound of the same two rows in ``meta_info[RESULT_KEY]``. Nothing is
-  recorded per token while decoding and no per-position logprobs come back: on a 2 x H200 host,
-  8 x 4K-token rollouts spent 20 s more verified than plain when they did (the top-20 lists of every
-  token built and copied into tensors in Python), ``benchmarks/results/fidelity/verify_cost/``. It asks
+  recorded per token while decoding and no per-position logprobs come back: on an H200, 8 x 4K-token
+  rollouts took 16 s more verified than plain when they did, 1 s without
+  (``benchmarks/results/fidelity/verify_cost/``: mostly the top-20 lists of every token, copied into
+  tensors in Python, by CPU timings). It asks
   for one new token (``max_new_tokens`` 1, not 0): SGLang hands a request's ``customized_info`` out per
   output token, and a prefill-only request reports none. ``return_logprob`` stays on (for that token
   only): it keeps SGLang's logits processor eager in a prefill graph, where the plug-in's hook runs.
