@@ -229,3 +229,15 @@ def test_verifier_drops_a_job_whose_weights_changed_before_its_dense_pass():
     served[0] = "v1"
     assert verifier.score(job).scores.n_tokens == 2 and verifier.stale == 1
     verifier.close()
+
+
+def test_topk_lists_become_padded_tensors_in_order():
+    """Ragged per-token lists: ids and logprobs in their order, -1 / -inf padding, ``k`` cuts longer rows."""
+    from sparrow_server.monitor.verifier import topk_tensors
+
+    ids, lps = topk_from_chunks([((-0.1, 7), (-2.5, 3)), (), ((-0.7, 9),)])
+    assert ids.tolist() == [[7, 3], [-1, -1], [9, -1]] and ids.dtype == torch.long
+    assert lps.tolist() == [[-0.1, -2.5], [float("-inf")] * 2, [-0.7, float("-inf")]] and lps.dtype == torch.float64
+    ids, lps = topk_tensors([[(-0.1, 7), (-2.5, 3), (-4.0, 1)]], k=2)
+    assert ids.tolist() == [[7, 3]] and lps.tolist() == [[-0.1, -2.5]]
+    assert topk_tensors([], k=20)[0].shape == (0, 20)
