@@ -66,6 +66,7 @@ module() {  # module GPUS NAME: run tests/gpu/test_NAME.py on those GPUs, its fi
   log "done $name rc=$rc: $(tail -n 1 "$W/$name/pytest.log")"
 }
 
+G=${SUITE_GPU:-0}  # the card of a single-module part
 case "$PART" in
   all)
     [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
@@ -79,11 +80,11 @@ case "$PART" in
     [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
-  serving) module "${SUITE_GPU:-0}" sglang_serving ;;
-  dense_layers) module "${SUITE_GPU:-0}" dense_layers ;;
-  exact_acceptance) module "${SUITE_GPU:-0}" exact_acceptance ;;
-  deterministic) module "${SUITE_GPU:-0}" deterministic ;;
-  service) module "${SUITE_GPU:-0}" sglang_service ;;
+  serving) module "$G" sglang_serving ;;
+  dense_layers) module "$G" dense_layers ;;
+  exact_acceptance) module "$G" exact_acceptance ;;
+  deterministic) module "$G" deterministic ;;
+  service) module "$G" sglang_service ;;
   tp) module 0,1 sglang_tp ;;
   breaks)
     gpus=${BREAK_GPUS:-$(seq -s, 0 $(( NGPU - 1 )))}

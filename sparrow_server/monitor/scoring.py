@@ -207,13 +207,13 @@ class HFScorer:
 def score_rollout(scorer: Any, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
                   temperature: float, adapter: str | None = None, sparse_topk: tuple[Tensor, Tensor] | None = None,
                   sparse_logits: Tensor | None = None, rid: str | None = None,
-                  exact_keep: KeptPositions | None = None, bound_k: int = BOUND_TOPK) -> AcceptanceScores:
+                  exact_keep: KeptPositions | None = None) -> AcceptanceScores:
     """Acceptance of one rollout: with ``exact_keep`` (and ``rid``, the rollout's engine id) the exact values at
-    the kept positions and their top-``bound_k`` bound (``scorer.dense_exact``); else exact unless only the
+    the kept positions and their top-``BOUND_TOPK`` bound (``scorer.dense_exact``); else exact unless only the
     recorded top-k ([N, K] ids, logprobs) is given (the top-k bound of every token)."""
     basis = completion_basis_lengths(schedule, len(prompt_ids), len(completion_ids))
     if exact_keep is not None:
-        exact = scorer.dense_exact(prompt_ids, completion_ids, bound_k, temperature, rid, exact_keep)
+        exact = scorer.dense_exact(prompt_ids, completion_ids, BOUND_TOPK, temperature, rid, exact_keep)
         return _kept_scores(exact, basis)
     if sparse_topk is None:
         return scorer.exact(prompt_ids, completion_ids, schedule, temperature, adapter, sparse_logits)
