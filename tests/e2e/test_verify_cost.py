@@ -118,3 +118,16 @@ def test_the_service_takes_every_probe_payload(model_dir, tmp_path, one_torch_th
             meta = r.json()["meta_info"]
             assert bool(meta.get("input_token_logprobs")) == (name != "no_logprobs"), name
             assert bool(meta.get("input_top_logprobs")) == (name == "top_k"), name
+
+
+def test_the_topk_conversion_timing_compares_the_same_tensors():
+    """benchmarks/topk_conversion.py (the timing behind the verify-cost attribution) runs on CPU and both
+    conversions give the same tensors."""
+    import json
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(root / "benchmarks/topk_conversion.py"), "--tokens", "64", "--repeats", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["same_tensors"] is True and out["tokens"] == 64 and out["element_at_a_time_s"] > 0
