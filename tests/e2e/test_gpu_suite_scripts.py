@@ -73,3 +73,29 @@ def test_gpu_scripts_import_and_answer_help_on_cpu(script):
                           cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage" in done.stdout.lower()
+
+
+def test_detached_job_leaves_its_exit_status_output_and_log(tmp_path):
+    """detached.sh runs a command in a copy of the tree under a session of its own; an `exit` in the command
+    still leaves its status, its files under $JOB_OUT and its log, and a second job of one name is refused."""
+    script = ["bash", str(ROOT / "benchmarks/gpu_host/detached.sh")]
+    env = {"PATH": "/usr/bin:/bin", "DETACHED_ROOT": str(tmp_path / "jobs")}
+    work = tmp_path / "tree"
+    (work / "pkg").mkdir(parents=True)
+    (work / "pkg/code.txt").write_text("v1")
+
+    def call(*args):
+        return subprocess.run([*script, *args], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+
+    started = call("start", "job", 'cat pkg/code.txt > "$JOB_OUT/seen"; echo to-the-log; exit 3')
+    assert started.returncode == 0, started.stderr
+    (work / "pkg/code.txt").write_text("v2")  # the tree changes under the job: it reads its copy
+    waited = call("wait", "job", "90")
+    assert waited.returncode == 0 and "to-the-log" in waited.stdout and "job ended rc 3" in waited.stdout
+    job = tmp_path / "jobs/job"
+    assert (job / "rc").read_text().strip() == "3"
+    assert (job / "out/seen").read_text() == "v1"
+    assert call("start", "job", "true").returncode == 2
+    assert call("collect", "job", str(tmp_path / "back")).returncode == 0
+    listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back/job.tar.gz")], capture_output=True, text=True).stdout
+    assert {"./rc", "./out/seen", "./job.log"} <= set(listed.split()) and "./repo/" not in listed
