@@ -30,6 +30,9 @@ def test_outside_deterministic_inference_flashinfer_chooses_as_before():
         split = D.decode_split(False, graph, 2048, PS)
         assert split == D.FLASHINFER_CHOICE and not split.batch_invariant
         assert split.plan_kwargs() == {"fixed_split_size": None, "disable_split_kv": False}
+        # on the kernel SGLang chose for its dense decode (tensor cores from a GQA group of 4): FlashInfer's split
+        cores = D.decode_split(False, graph, 2048, PS, tensor_cores=True)
+        assert cores == D.DecodeSplit(True, None, False) and not cores.batch_invariant
 
 
 def test_deterministic_inference_mirrors_sglang_s_flashinfer_policy():
@@ -53,6 +56,11 @@ def test_backend_splits_read_what_sglang_s_flashinfer_backend_set():
     assert D.backend_splits(sglang_det, PS) == (D.DecodeSplit(True, 256, False), D.DecodeSplit(True, None, True))
     plain = types.SimpleNamespace(enable_deterministic=False, decode_split_tile_size=None)
     assert D.backend_splits(plain, PS) == (D.FLASHINFER_CHOICE, D.FLASHINFER_CHOICE)
+    grouped = types.SimpleNamespace(enable_deterministic=False, decode_split_tile_size=None,
+                                    decode_use_tensor_cores=True)  # SGLang's choice at a GQA group of 4
+    assert D.backend_splits(grouped, PS) == (D.DecodeSplit(True, None, False),) * 2
+    sglang_det.decode_use_tensor_cores = True  # the mode sets it too; its split stays the mode's
+    assert D.backend_splits(sglang_det, PS) == (D.DecodeSplit(True, 256, False), D.DecodeSplit(True, None, True))
     assert D.backend_splits(object(), PS) == (D.FLASHINFER_CHOICE, D.FLASHINFER_CHOICE)  # an SGLang without the mode
 
 

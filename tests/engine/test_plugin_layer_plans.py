@@ -202,15 +202,16 @@ def _split_kwargs(split) -> dict:
     return {**ARGS[1], **split.plan_kwargs()}
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_every_plan_call_gets_the_mode_s_split_and_wrappers(LP, deterministic):
+@pytest.mark.parametrize("deterministic,cores", [(False, False), (False, True), (True, False)],
+                         ids=["cuda-core", "tensor-core", "deterministic"])
+def test_every_plan_call_gets_the_mode_s_split_and_wrappers(LP, deterministic, cores):
     """What the backend builds from ``determinism.backend_splits``: tensor-core wrappers under deterministic
-    inference (CUDA-core ones otherwise, as before), and every plan -- the capture's, each group's per
-    step, the eager ones -- with that mode's KV split; graph steps pass the host last-page lengths (no
-    device -> host copy in tensor-core planning)."""
+    inference or where SGLang chose them for its dense decode (``cores``), CUDA-core ones otherwise, and
+    every plan -- the capture's, each group's per step, the eager ones -- with that mode's KV split; graph
+    steps pass the host last-page lengths (no device -> host copy in tensor-core planning)."""
     from sparrow_server.sglang_plugin.scheduler.determinism import decode_split
 
-    eager, graph = (decode_split(deterministic, g, None, PS) for g in (False, True))
+    eager, graph = (decode_split(deterministic, g, None, PS, cores) for g in (False, True))
     gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu", use_tensor_cores=graph.use_tensor_cores)
     plan, groups, plans = _step([dense_schedule()] * 2, [1, 1])
     gp.capture(2, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], _split_kwargs(graph))
@@ -221,11 +222,12 @@ def test_every_plan_call_gets_the_mode_s_split_and_wrappers(LP, deterministic):
                             use_tensor_cores=eager.use_tensor_cores)
     layers, _ = ep.step(2, plans, groups, *ARGS[:1], _split_kwargs(eager))
     _check_layers(layers, plans, groups, graph=False)
-    want = lambda how, split, g: {"how": how, "tensor_cores": deterministic, "graph": g,
+    tensor = deterministic or cores
+    want = lambda how, split, g: {"how": how, "tensor_cores": tensor, "graph": g,
                                   "last_page_len_device": "cpu", **split.plan_kwargs()}
     assert CALLS == ([want("plan", graph, True)] + [want("fast_decode_plan", graph, True)] * groups.num_groups
                      + [want("plan", eager, False)] * groups.num_groups)
-    assert groups.num_groups == 2 and gp.ws_bytes == LP.workspace_bytes(MAX_BS * H, deterministic)
+    assert groups.num_groups == 2 and gp.ws_bytes == LP.workspace_bytes(MAX_BS * H, tensor)
 
 
 def test_a_fixed_split_on_cuda_core_wrappers_is_refused_as_flashinfer_refuses_it(LP):

@@ -13,7 +13,13 @@ gives its block-sparse decode the same policy (FlashInfer's units are pages of 1
 Outside that mode FlashInfer chooses each row's KV chunks from the whole batch (its decode plan's
 binary search over every row's page count: ``attention/scheduler.cuh``,
 ``PartitionPagedKVCacheBinarySearchMinNumPagePerBatch`` / ``PrefillBinarySearchKVChunkSize``), so
-a request's partial softmax states, and the order they are merged in, depend on its neighbours.
+a request's partial softmax states, and the order they are merged in, depend on its neighbours. The
+kernel there is SGLang's own choice for its dense decode (``decode_use_tensor_cores``:
+``should_use_tensor_core``, tensor cores from a GQA group of 4 in bf16, or
+``SGLANG_FLASHINFER_USE_TENSOR_CORE``): each sparse row is one KV head and its group of query heads,
+the shape that choice is made for. On an H200 at 16K x 48, Qwen3-4B (group 4), the CUDA-core kernel read
+the selected KV at 2.1 TB/s where SGLang's tensor-core decode read the dense KV at 4.2
+(``benchmarks/results/speed/call21/profile_4b/``).
 
 ``truncation_align_size``: SGLang aligns a chunked prefill's cut to FlashInfer's prefill split tile
 only when ``--attention-backend flashinfer`` (``managers/scheduler.py:1479-1494``); sparrow's prefill
@@ -32,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from sparrow_server.sglang_plugin.config import BACKEND_NAME
@@ -73,15 +79,16 @@ class DecodeSplit:
 FLASHINFER_CHOICE = DecodeSplit(use_tensor_cores=False, fixed_split_size=None, disable_split_kv=False)
 
 
-def decode_split(deterministic: bool, graph: bool, split_tile_tokens: int | None, page_size: int) -> DecodeSplit:
+def decode_split(deterministic: bool, graph: bool, split_tile_tokens: int | None, page_size: int,
+                 tensor_cores: bool = False) -> DecodeSplit:
     """The split of one decode step's sparse plan. Depends on the mode (and, eagerly, the tile), never
-    on the batch: outside deterministic inference FlashInfer's own choice (CUDA-core decode, as before);
-    in it, SGLang's FlashInfer policy: no KV split under CUDA graphs, chunks of ``split_tile_tokens``
-    (SGLang's decode tile, rounded up to pages) eagerly."""
+    on the batch: outside deterministic inference FlashInfer's own split, on the kernel SGLang chose for
+    its dense decode (``tensor_cores``); in it, SGLang's FlashInfer policy: tensor cores, no KV split
+    under CUDA graphs, chunks of ``split_tile_tokens`` (SGLang's decode tile, rounded up to pages) eagerly."""
     if page_size < 1:
         raise ValueError(f"page_size={page_size}: must be >= 1")
     if not deterministic:
-        return FLASHINFER_CHOICE
+        return replace(FLASHINFER_CHOICE, use_tensor_cores=bool(tensor_cores))
     if graph:
         return DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)
     tokens = DEFAULT_DECODE_SPLIT_TOKENS if split_tile_tokens is None else int(split_tile_tokens)
@@ -92,10 +99,12 @@ def decode_split(deterministic: bool, graph: bool, split_tile_tokens: int | None
 
 def backend_splits(backend: Any, page_size: int) -> tuple[DecodeSplit, DecodeSplit]:
     """(eager, graph) splits of a backend built on SGLang's ``FlashInferAttnBackend``, from what its
-    ``__init__`` set: ``enable_deterministic`` and ``decode_split_tile_size`` (absent: not deterministic)."""
+    ``__init__`` set: ``enable_deterministic``, ``decode_split_tile_size`` (absent: not deterministic) and
+    ``decode_use_tensor_cores`` (absent: CUDA-core decode)."""
     deterministic = bool(getattr(backend, "enable_deterministic", False))
     tile = getattr(backend, "decode_split_tile_size", None)
-    return (decode_split(deterministic, False, tile, page_size), decode_split(deterministic, True, tile, page_size))
+    cores = bool(getattr(backend, "decode_use_tensor_cores", False))
+    return tuple(decode_split(deterministic, graph, tile, page_size, cores) for graph in (False, True))
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
