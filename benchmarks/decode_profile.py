@@ -10,6 +10,8 @@ attention (so it holds layer ``i-1``'s o_proj/MLP and layer ``i``'s norm/QKV/RoP
 
 Usage (GPU host, kit installed): python benchmarks/decode_profile.py --out-dir $OUT [--context 32768]
 Writes ``decode_profile.json`` and ``decode_profile.md`` (the per-layer tables).
+``--from-kernels DIR`` (any machine) rebuilds both from the ``replay-kernels-BACKEND.json`` a run saved in DIR,
+with the same ``--size/--context/--batch`` as that run.
 """
 from __future__ import annotations
 
@@ -35,7 +37,9 @@ import sglang_throughput as T  # noqa: E402
 from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
 from sparrow_server.sparsity.schedule import kv_budget_tokens  # noqa: E402
 
-ATTN_RE = re.compile(r"BatchDecode|MergeStates", re.I)
+# FlashInfer's decode kernels: CUDA-core (BatchDecode...), tensor-core (its prefill kernel, which SGLang runs for
+# decode from a GQA group of 4, and which sparrow runs then too), and the merge of split-KV partial states.
+ATTN_RE = re.compile(r"BatchDecode|BatchPrefillWithPagedKVCache|MergeStates", re.I)
 SELECT_RE = re.compile(r"_score_kernel|_select_kernel|_landmark_kernel")
 
 
@@ -185,20 +189,26 @@ def main() -> int:
     ap.add_argument("--backends", default="flashinfer,sparrow")
     ap.add_argument("--server-args", default="", help="extra SGLang flags, same for both backends")
     ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--from-kernels", default=None, help="rebuild the tables from a run's saved replay kernels")
     args = ap.parse_args()
     args.server_args = args.server_args.split()
-    out_dir = Path(args.out_dir)
+    out_dir = Path(args.from_kernels or args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    work_dir = Path(tempfile.mkdtemp(prefix="sparrow-prof-"))
     schedule = ScheduleRegistry().get(f"{args.size}-{args.schedule_suffix}")
     res = {"command": " ".join(sys.argv), "size": args.size, "context": args.context, "batch": args.batch,
            "context_length": args.context_length, "schedule": schedule.name, "backends": []}
-    for backend in args.backends.split(","):
+    if args.from_kernels:
+        res["backends"] = [summarize(json.loads((out_dir / f"replay-kernels-{b}.json").read_text()), b, schedule,
+                                     args.batch, args.context + 64, S.qwen3_config(args.size))
+                           for b in args.backends.split(",")]
+    work_dir = None if args.from_kernels else Path(tempfile.mkdtemp(prefix="sparrow-prof-"))
+    for backend in args.backends.split(",") if work_dir else ():
         try:
             res["backends"].append(profile_backend(backend, args.size, args, schedule, work_dir, out_dir))
         except Exception as e:  # keep the other backend's table
             print(f"[{backend}] profile failed: {e!r}", flush=True)
         (out_dir / "decode_profile.json").write_text(json.dumps(res, indent=1))
+    (out_dir / "decode_profile.json").write_text(json.dumps(res, indent=1))
     (out_dir / "decode_profile.md").write_text(markdown(res))
     print(markdown(res), flush=True)
     return 0
