@@ -53,8 +53,11 @@ def write_config(model_dir: str | Path, cfg: dict) -> Path:
 
 
 def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: float | None = None,
-                          attn_scale: float = 1.0) -> Path:
+                          attn_scale: float = 1.0, query_heads: int | None = None) -> Path:
     """A 6-layer random Qwen3 (vocab 4096) saved as safetensors; returns its directory.
+
+    ``query_heads``: query heads over the 8 KV heads (default 16, a GQA group of 2 as in Qwen3-1.7B; 32
+    gives Qwen3-4B's and 8B's group of 4, where SGLang decodes on FlashInfer's tensor-core kernel).
 
     ``lm_head_std``: an untied output layer with this weight scale (0.5 gives logits of std ~11,
     so next-token distributions are peaked and a top-20 list holds nearly all the mass, as in
@@ -71,6 +74,8 @@ def write_tiny_checkpoint(model_dir: str | Path, seed: int = 0, lm_head_std: flo
 
     cfg = dict(QWEN3_BASE, **TINY)
     cfg["max_window_layers"] = cfg["num_hidden_layers"]
+    if query_heads is not None:
+        cfg["num_attention_heads"] = query_heads
     if lm_head_std is not None:
         cfg["tie_word_embeddings"] = False
     model_dir = write_config(model_dir, cfg)

@@ -99,3 +99,22 @@ def test_detached_job_leaves_its_exit_status_output_and_log(tmp_path):
     assert call("collect", "job", str(tmp_path / "back")).returncode == 0
     listed = subprocess.run(["tar", "-tzf", str(tmp_path / "back/job.tar.gz")], capture_output=True, text=True).stdout
     assert {"./rc", "./out/seen", "./job.log"} <= set(listed.split()) and "./repo/" not in listed
+
+
+def test_the_tiny_checkpoint_takes_a_gqa_group_of_four(tmp_path):
+    """The GQA-group-4 GPU test's model: 32 query heads over 8 KV heads, the projections shaped to match."""
+    import json
+
+    from safetensors import safe_open
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import sglang_server as S
+
+    out = S.write_tiny_checkpoint(tmp_path / "g4", seed=0, lm_head_std=0.5, attn_scale=2.0, query_heads=32)
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["num_attention_heads"], cfg["num_key_value_heads"]) == (32, 8)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert list(f.get_slice("model.layers.0.self_attn.q_proj.weight").get_shape()) == [32 * 128, cfg["hidden_size"]]
+        assert list(f.get_slice("model.layers.0.self_attn.o_proj.weight").get_shape()) == [cfg["hidden_size"], 32 * 128]
+    default = json.loads((S.write_tiny_checkpoint(tmp_path / "g2") / "config.json").read_text())
+    assert default["num_attention_heads"] == 16
