@@ -57,11 +57,16 @@ HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
 # preset does not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4).
 EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ()}
 # Same GPU, the code after issue 24 (not fitted): rollouts A and B (speed/call20, dense and sparse on the two cards
-# of one host at once), in the per-rollout table. A fit to them leaves rollout A's dense half more than 10% off
-# in its first quarter of lengths with every term set (docs/cost-model.md), so the preset stays issue 13's.
-LATER_CODE = {"h100": (), "h200": ("speed/call20/rolloutA", "speed/call20/rolloutB")}
+# of one host at once; speed/call21: rollout B at the 33 requests the pool holds, and Qwen3-4B's rollout A), in the
+# per-rollout table. A fit to call 20 leaves rollout A's dense half more than 10% off in its first quarter of
+# lengths with every term set (docs/cost-model.md), so the preset stays issue 13's. Qwen3-4B's sparse half ran
+# its sparse layers on FlashInfer's CUDA-core decode (GQA group 4), at half the dense kernel's bandwidth; the
+# code now decodes them on tensor cores, as SGLang does the dense layers.
+LATER_CODE = {"h100": (), "h200": ("speed/call20/rolloutA", "speed/call20/rolloutB", "speed/call21/rolloutB_33",
+                                   "speed/call21/rolloutA_4b")}
 NOT_FITTED_LABEL = {**{c: "earlier kernel" for v in EARLIER_KERNELS.values() for c in v},
-                    **{c: "issue-24 code" for v in LATER_CODE.values() for c in v}}
+                    **{c: "issue-24 code" for v in LATER_CODE.values() for c in v},
+                    "speed/call21/rolloutA_4b": "issue-24 code, CUDA-core sparse decode at GQA group 4"}
 DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).
