@@ -12,7 +12,7 @@ of the GPU suite (benchmarks/results/gpu_suite/README.md):
 - ``selection-floor --tokens serving_tokens.json``: on a GPU run's tokens, how often the reference's
   page selection in bf16 equals its selection in float32 (what rounding explains).
 
-    python benchmarks/gpu_host/tiny_model_probe.py outputs --attn-scale 2 [--prompts 2]
+    python benchmarks/gpu_host/tiny_model_probe.py outputs --attn-scale 2 [--prompts 2] [--query-heads 32]
     python benchmarks/gpu_host/tiny_model_probe.py exact-teeth --lm-head-std 0.15 --budget 64
     python benchmarks/gpu_host/tiny_model_probe.py selection-floor --tokens PATH [--prompts 2]
 """
@@ -38,13 +38,14 @@ def long_prompts(n: int) -> list[list[int]]:
     return [[rng.randrange(10, 4000) for _ in range(1500 + 5 * i)] for i in range(4)][:n]
 
 
-def _models(attn_scale: float, lm_head_std: float = 0.5):
+def _models(attn_scale: float, lm_head_std: float = 0.5, query_heads: int | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
     import sglang_server as S
 
-    path = S.write_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", seed=0, lm_head_std=lm_head_std, attn_scale=attn_scale)
+    path = S.write_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny", seed=0, lm_head_std=lm_head_std, attn_scale=attn_scale,
+                                   query_heads=query_heads)
     load = lambda dtype: AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
     return load(torch.float32), load(torch.bfloat16)
 
@@ -67,11 +68,11 @@ def _chosen_logprobs(model, ids, prompt_len: int, schedule):
     return lp.gather(1, ids[prompt_len:, None])[:, 0].double()
 
 
-def outputs(attn_scale: float, n: int) -> dict:
+def outputs(attn_scale: float, n: int, query_heads: int | None = None) -> dict:
     import numpy as np
     import torch
 
-    f32, b16 = _models(attn_scale)
+    f32, b16 = _models(attn_scale, query_heads=query_heads)
     sched = _schedule()
     rows, pooled = [], {"sparse_vs_dense": [], "dense_bf16": [], "sparse_bf16": []}
     for p in long_prompts(n):
@@ -88,7 +89,7 @@ def outputs(attn_scale: float, n: int) -> dict:
                      "sparse_vs_dense_median": float(diffs["sparse_vs_dense"].median()),
                      "sparse_vs_dense_max": float(diffs["sparse_vs_dense"].max())})
     q = lambda x: {"median": float(np.median(x)), "p99": float(np.quantile(x, 0.99)), "max": float(x.max())}
-    return {"attn_scale": attn_scale, "new_tokens": NEW, "per_prompt": rows,
+    return {"attn_scale": attn_scale, "query_heads": query_heads or "default", "new_tokens": NEW, "per_prompt": rows,
             **{k: q(np.concatenate(v)) for k, v in pooled.items()}}
 
 
@@ -147,6 +148,7 @@ def main() -> int:
     o = sub.add_parser("outputs")
     o.add_argument("--attn-scale", type=float, required=True)
     o.add_argument("--prompts", type=int, default=2)
+    o.add_argument("--query-heads", type=int, default=None, help="32: the GQA-group-4 test's model")
     e = sub.add_parser("exact-teeth")
     e.add_argument("--lm-head-std", type=float, required=True)
     e.add_argument("--budget", type=int, required=True)
@@ -157,7 +159,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    result = (outputs(args.attn_scale, args.prompts) if args.cmd == "outputs"
+    result = (outputs(args.attn_scale, args.prompts, args.query_heads) if args.cmd == "outputs"
               else exact_teeth(args.lm_head_std, args.budget) if args.cmd == "exact-teeth"
               else selection_floor(args.tokens, args.prompts))
     print(json.dumps(result))
