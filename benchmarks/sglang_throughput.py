@@ -44,6 +44,8 @@ from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_sche
 
 DEC_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 MAXTOK_RE = re.compile(r"max_total_num_tokens=(\d+)")
+# the sparrow backend's start-up line: the kernel its sparse plans decode on under CUDA graphs
+GRAPH_SPLIT_RE = re.compile(r"sparrow backend: .* / graph DecodeSplit\(use_tensor_cores=(True|False)")
 SERVER_ARGS = ["--load-format", "dummy", "--page-size", "16", "--mem-fraction-static", "0.85",
                "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--chunked-prefill-size", "16384"]
 
@@ -52,6 +54,12 @@ def server_decode_tok_s(log: Path, offset: int, batch: int) -> tuple[float | Non
     text = log.read_bytes()[offset:].decode(errors="replace")
     vals = [float(m.group(2)) for m in DEC_RE.finditer(text) if int(m.group(1)) == batch]
     return (statistics.median(vals) if vals else None), len(vals)
+
+
+def sparse_decode_kernel(log_text: str) -> dict:
+    """``{"sparse_decode_kernel": "tensor-core" | "cuda-core"}`` from a sparrow server's log ({} for another)."""
+    m = GRAPH_SPLIT_RE.search(log_text)
+    return {"sparse_decode_kernel": "tensor-core" if m.group(1) == "True" else "cuda-core"} if m else {}
 
 
 def pool_shortfall(max_total_tokens: int | None, context: int, gen_len: int, batch: int) -> str | None:
@@ -91,8 +99,10 @@ def run_backend(size, backend, work_dir, out_dir, args, schedule, share_s=None, 
     start_s = srv.start()
     deadline = float("inf") if share_s is None else time.time() + (share_s - 2 * start_s) / 2 - 15
     try:
-        m = MAXTOK_RE.search(log.read_text(errors="replace"))
-        res["server"] = {"start_s": round(start_s, 1), "max_total_num_tokens": int(m.group(1)) if m else None}
+        text = log.read_text(errors="replace")
+        m = MAXTOK_RE.search(text)
+        res["server"] = {"start_s": round(start_s, 1), "max_total_num_tokens": int(m.group(1)) if m else None,
+                         **sparse_decode_kernel(text)}
         print(f"[{size} {backend}] healthy after {start_s:.0f} s; {res['server']}", flush=True)
         S.generate(srv.base, random_ids(rng, 4, 512), 16, temperature=1.0)  # warm-up
         for ctx, batch in args.decode:
