@@ -201,13 +201,14 @@ def main() -> int:
         res["backends"] = [summarize(json.loads((out_dir / f"replay-kernels-{b}.json").read_text()), b, schedule,
                                      args.batch, args.context + 64, S.qwen3_config(args.size))
                            for b in args.backends.split(",")]
-    work_dir = None if args.from_kernels else Path(tempfile.mkdtemp(prefix="sparrow-prof-"))
-    for backend in args.backends.split(",") if work_dir else ():
-        try:
-            res["backends"].append(profile_backend(backend, args.size, args, schedule, work_dir, out_dir))
-        except Exception as e:  # keep the other backend's table
-            print(f"[{backend}] profile failed: {e!r}", flush=True)
-        (out_dir / "decode_profile.json").write_text(json.dumps(res, indent=1))
+    else:
+        work_dir = Path(tempfile.mkdtemp(prefix="sparrow-prof-"))
+        for backend in args.backends.split(","):
+            try:
+                res["backends"].append(profile_backend(backend, args.size, args, schedule, work_dir, out_dir))
+            except Exception as e:  # keep the other backend's table
+                print(f"[{backend}] profile failed: {e!r}", flush=True)
+            (out_dir / "decode_profile.json").write_text(json.dumps(res, indent=1))  # kept if the next one hangs
     (out_dir / "decode_profile.json").write_text(json.dumps(res, indent=1))
     (out_dir / "decode_profile.md").write_text(markdown(res))
     print(markdown(res), flush=True)
