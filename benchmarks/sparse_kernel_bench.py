@@ -1,4 +1,5 @@
-"""One layer of sparse decode at Qwen3-1.7B shapes (8 KV heads, G=2, D=128), CUDA-graph timed.
+"""One layer of sparse decode at Qwen3 shapes (8 KV heads, D=128; a GQA group of 2 as 1.7B or 4 as 4B / 8B),
+CUDA-graph timed.
 
 Times each piece of the backend's per-layer work (landmark scoring with the decode landmark update,
 exact top-k + index writing, FlashInfer decode over per-head page lists on SGLang's token-major pool)
@@ -10,6 +11,8 @@ its roofline: one read of the layer's landmarks for the batch at the copy bandwi
 (issue 24's target: at most 1.3x at 32K + 256 tokens, batch 16).
 Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--batch 16 --contexts 16384,32768,33024,40960 --server-contexts 40960 --variants v1,even,hist]
+  [--group 4 --kernels cuda-cores,tensor-cores]: attention on both FlashInfer decode kernels (sparse and dense
+  each; the default is the one SGLang picks at that group), each kernel's sparse/dense bandwidth ratio.
 """
 from __future__ import annotations
 
@@ -17,15 +20,13 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import sys
 
 import torch
 
-_TESTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
-sys.path[:0] = [_TESTS, os.path.join(_TESTS, "gpu")]  # helpers.sparse_case, _sparse_runner
-
-PS, H, G, D = 16, 8, 2, 128  # Qwen3-1.7B: page 16, 8 KV heads, 2 query heads per KV head, head dim 128
+PS, H, D = 16, 8, 128  # Qwen3: page 16, 8 KV heads, head dim 128 (query heads per KV head: --group)
+KERNELS = {"cuda-cores": False, "tensor-cores": True}  # FlashInfer decode kernels (use_tensor_cores)
+TENSOR_CORE_GROUP = 4  # SGLang 0.5.17 decodes bf16 on tensor cores from this GQA group
 
 
 def graph_us(fn, reps: int = 20, iters: int = 30) -> float:
@@ -65,33 +66,32 @@ def copy_bandwidth_tbps() -> float:
 
 def _schedule(name: str, budget_pages: int):
     """The named schedule (the server's plan at each context), or a fixed budget when given."""
-    from helpers.sparse_case import fixed_budget_schedule
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule
     from sparrow_server.sparsity.registry import ScheduleRegistry
 
     return fixed_budget_schedule(budget_pages) if budget_pages else ScheduleRegistry().get(name)
 
 
-def build_pool(b: int, ctx: int):
+def build_pool(b: int, ctx: int, group: int):
     """A pool of ``b`` requests at ``ctx`` tokens and its landmarks (shorter contexts use a prefix
     of each request's pages: one pool for every case, built once)."""
-    from helpers.sparse_case import make_case
     from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
-    case = make_case([ctx] * b, num_kv_heads=H, group=G, head_dim=D, seed=0)
+    case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0)
     lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=torch.bfloat16, device="cuda")
     K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
     return case, lm
 
 
-def _build_layer(pool, ctx: int, schedule, max_context: int, ws):
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws, tensor_cores: bool = False):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer."""
-    from _sparse_runner import SparseLayer
-    from helpers.sparse_case import plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer, plan_for
 
     full, lm = pool
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
-    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws)
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, use_tensor_cores=tensor_cores)
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -106,20 +106,29 @@ def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Te
     return {k: round(v, 1) for k, v in res.items()}, indices
 
 
-def dense_attn_us(case, b: int, ctx: int, ws) -> float:
+def dense_attn_us(case, b: int, ctx: int, ws, tensor_cores: bool) -> float:
     import flashinfer
 
-    dw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2")
+    dw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", backend="fa2", use_tensor_cores=tensor_cores)
     n_pages = ctx // PS
     dense_idx = (case.req_to_token[1:, ::PS][:, :n_pages] // PS).reshape(-1).contiguous()
     dw.plan(torch.arange(b + 1, dtype=torch.int32) * n_pages, dense_idx, torch.full((b,), PS, dtype=torch.int32),
-            H * G, H, D, PS, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
+            case.q.shape[1], H, D, PS, data_type=torch.bfloat16, q_data_type=torch.bfloat16)
     kv_pages = (case.k_buf.view(-1, PS, H, D), case.v_buf.view(-1, PS, H, D))
     dout = torch.empty_like(case.q)
     return graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
 
 
-def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants) -> dict:
+def attention_us(pool, ctx: int, schedule, max_context: int, ws, tensor_cores: bool) -> tuple[float, float]:
+    """(sparse, dense) FlashInfer decode of one layer on one kernel: the sparse one over the pages the
+    default selection variant picks."""
+    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, tensor_cores)
+    layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
+    return graph_us(lambda: layer.attend(1 / math.sqrt(D), out=layer.out)), dense_attn_us(case, len(case.lengths), ctx,
+                                                                                        ws, tensor_cores)
+
+
+def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:
     """One layer at ``ctx`` tokens x the pool's requests on a server whose context length is ``max_context``."""
     case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
     b = len(case.lengths)
@@ -143,16 +152,29 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
         res.update({"same_indices": bool(torch.equal(indices, first)), "score_TBps": tbps(lm_bytes, res["score_us"]),
                     "selection_over_landmark_read": round(res["selection_us"] / landmark_read_us, 2)})
         out["variants"][v] = res
-    qh = case.q.view(-1, G, D)
-    sparse_us = graph_us(lambda: layer.wrapper.run(qh, layer.kv, out=layer.out))
-    dense_us = dense_attn_us(case, b, ctx, ws)
     kv_sel = b * H * int(plan.count[0]) * PS * D * 2 * 2
     kv_dense = b * ctx * H * D * 2 * 2
-    out.update({"sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
-                "bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense,
-                "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
-                "sparse_attn_over_copy": round(tbps(kv_sel, sparse_us) / copy_tbps, 2)})
+    out.update({"bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense, "attention": {}})
+    for name in kernels:
+        sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, KERNELS[name])
+        out["attention"][name] = {
+            "sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
+            "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
+            "sparse_attn_over_copy": round(tbps(kv_sel, sparse_us) / copy_tbps, 2),
+            "sparse_over_dense_bandwidth": round(dense_us * kv_sel / (sparse_us * kv_dense), 3)}
     return out
+
+
+def attention_summary(cases: list) -> str:
+    """One line per (context, server context, kernel): sparse and dense FlashInfer decode bandwidth."""
+    lines = [f"{'context':>8} {'server':>7} {'kernel':>13} {'sparse':>7} {'TB/s':>6} {'dense':>7} {'TB/s':>6} "
+             f"{'ratio':>6}  (us; ratio = sparse / dense bandwidth)"]
+    for c in cases:
+        for k, r in c["attention"].items():
+            lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {k:>13} {r['sparse_attn_us']:>7} "
+                         f"{r['sparse_attn_TBps']:>6} {r['dense_attn_us']:>7} {r['dense_attn_TBps']:>6} "
+                         f"{r['sparse_over_dense_bandwidth']:>6}")
+    return "\n".join(lines)
 
 
 def summary(cases: list, target: float) -> str:
@@ -182,6 +204,10 @@ def main() -> int:
     ap.add_argument("--budget-pages", type=int, default=0, help="a fixed budget instead of --schedule's")
     ap.add_argument("--server-contexts", default="40960", help="server context lengths (set Pcap)")
     ap.add_argument("--variants", default=",".join(K.SELECT_VARIANTS), help="sparse_decode.SELECT_VARIANTS to time")
+    ap.add_argument("--group", type=int, default=2, help="query heads per KV head (Qwen3-1.7B 2; 4B, 8B 4)")
+    ap.add_argument("--kernels", default=None,
+                    help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
+                         f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP})")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
@@ -189,25 +215,29 @@ def main() -> int:
     bad = sorted(set(variants) - set(K.SELECT_VARIANTS))
     if bad:
         ap.error(f"--variants {bad}: not in {K.SELECT_VARIANTS}")
+    kernels = (a.kernels or ("tensor-cores" if a.group >= TENSOR_CORE_GROUP else "cuda-cores")).split(",")
+    if set(kernels) - set(KERNELS) or a.group < 1:
+        ap.error(f"--kernels {a.kernels!r} / --group {a.group}: kernels of {sorted(KERNELS)}, a group >= 1")
     schedule = _schedule(a.schedule, a.budget_pages)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     copy_tbps = copy_bandwidth_tbps()
-    result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": G,
+    result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": a.group,
               "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
               "default_variant": K.DEFAULT_SELECT_VARIANT, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
-    pool = build_pool(a.batch, max(contexts))
+    pool = build_pool(a.batch, max(contexts), a.group)
     for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:
                 continue
-            case = bench_case(pool, ctx, schedule, max_ctx, ws, copy_tbps, variants)
+            case = bench_case(pool, ctx, schedule, max_ctx, ws, copy_tbps, variants, kernels)
             print(json.dumps(case), flush=True)
             result["cases"].append(case)
             torch.cuda.empty_cache()
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"{result['gpu']}: copy {copy_tbps} TB/s\n{summary(result['cases'], a.target)}", flush=True)
+    print(f"{result['gpu']}: copy {copy_tbps} TB/s\n{summary(result['cases'], a.target)}\n"
+          f"{attention_summary(result['cases'])}", flush=True)
     runs = [r for c in result["cases"] for r in c["variants"].values()]
     if any("error" in r for r in runs):
         print("ERROR: a variant failed (its 'error' in the JSON)", flush=True)

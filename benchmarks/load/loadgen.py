@@ -22,13 +22,14 @@ from pathlib import Path
 
 import httpx
 
+from sparrow_server.models import TINY_VOCAB
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CLIENTS = 64
 DEFAULT_DURATION_S = 60.0
 DEFAULT_WARMUP_S = 5.0
 DEFAULT_MAX_NEW_TOKENS = 16
 DEFAULT_PROMPT_TOKENS = (16, 64)
-TINY_VOCAB = 128
 
 
 @dataclass
@@ -170,9 +171,8 @@ def free_port() -> int:
 
 
 def save_tiny_model(directory: Path) -> Path:
-    """The test suite's tiny random Llama (``tests/helpers/tiny_models.py``)."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from helpers.tiny_models import save_tiny_model as save
+    """The product's tiny random Llama (``sparrow_server.models.save_tiny_model``, what the tests serve)."""
+    from sparrow_server.models import save_tiny_model as save
 
     return save(directory)
 

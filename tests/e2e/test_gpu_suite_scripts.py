@@ -65,7 +65,8 @@ def test_suite_runner_is_valid_bash():
 
 
 @pytest.mark.parametrize("script", ["benchmarks/fleet_2gpu.py", "benchmarks/gpu_host/breaks.py",
-                                    "benchmarks/gpu_host/cross_engine.py", "benchmarks/gpu_host/tiny_model_probe.py"])
+                                    "benchmarks/gpu_host/cross_engine.py", "benchmarks/gpu_host/tiny_model_probe.py",
+                                    "benchmarks/sparse_kernel_bench.py"])
 def test_gpu_scripts_import_and_answer_help_on_cpu(script):
     """GPU-host scripts no CPU test runs: they import (product and benchmarks only, no test helper)
     and parse their command line."""

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from helpers.sparse_case import SparseSelection, fixed_budget_schedule, make_case, plan_for
+from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseSelection, fixed_budget_schedule, make_case, plan_for
 from sparrow_server.kernels import reference as R
 from sparrow_server.sparsity.schedule import dense_schedule
 
@@ -283,7 +283,7 @@ def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, varia
     request's query, landmarks and plan fields, so a request's scores (bit for bit, bf16 inputs) and
     selected pages alone equal its scores and pages in a batch of other lengths and schedules, at
     another position, beside a dense row and a padding lane."""
-    from helpers.sparse_case import PagedCase
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import PagedCase
 
     lengths = [3000, 1548, 700, 40, 2100, 1]
     schedules = [dense_schedule(), fixed_budget_schedule(16), fixed_budget_schedule(8), fixed_budget_schedule(16),

@@ -31,7 +31,7 @@ def _landmarks(case, dtype):
 
 
 def _layer(case, plan, lm, pcap, variant=None):
-    from _sparse_runner import SparseLayer
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     return SparseLayer(case, plan, lm, pcap, ws, variant)
@@ -39,7 +39,7 @@ def _layer(case, plan, lm, pcap, variant=None):
 
 def test_landmark_kernel_matches_reference():
     from sparrow_server.kernels import sparse_decode as K
-    from helpers.sparse_case import make_case
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([300, 77], seed=1)
     for only_full in (True, False):
@@ -54,7 +54,7 @@ def test_landmark_kernel_matches_reference():
 @pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
 def test_scores_and_indices_match_reference(lm_dtype):
     from sparrow_server.kernels import sparse_decode as K  # noqa: F401
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([5000, 1200, 40, 3000], seed=2)
     s = fixed_budget_schedule(32)
@@ -80,7 +80,7 @@ def test_scores_and_indices_match_reference(lm_dtype):
 def test_selection_is_select_pages_at_40k_context(lengths, budget, variant):
     """A server at --context-length 40960 (Pcap 2560) with short sequences: the selected pages, in
     index order, are exactly ``select_pages``' (sink, top-k ascending, recent), whatever Pcap."""
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case(lengths, seed=7, max_ctx=40960)
     s = fixed_budget_schedule(budget)
@@ -97,7 +97,7 @@ def test_rows_past_2048_candidates(variant):
     2048 + 256/512/1024 tiers, of 4096 (streamed past it), a short row and a dense row, at Qwen3-1.7B
     shapes: every candidate scored (= ``reference.page_scores``), nothing else written, and the
     selection is ``select_pages``' on those scores."""
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     cands = [2047, 2048, 2049, 2305, 2561, 3073, 4096, 4097, 300]
     case = make_case([(c + SINK + RECENT) * PS - 5 for c in cands] + [700], seed=24)
@@ -121,7 +121,7 @@ def test_rows_past_2048_candidates(variant):
 
 def test_selection_ties_go_to_the_earlier_page():
     """Few distinct scores (and -0.0 next to +0.0): ties broken by page order, as ``select_pages``."""
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([1200, 600, 50, 9000], seed=8, max_ctx=40960)
     s = fixed_budget_schedule(20)
@@ -140,7 +140,7 @@ def test_decode_scoring_updates_the_completed_page_landmark(variant):
     """The decode path's score launch first writes the landmark of the page this step's slot
     completes (one program of several); a slot inside a page leaves its landmark alone."""
     from sparrow_server.kernels import sparse_decode as K
-    from helpers.sparse_case import make_case
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([40, 70], seed=9)
     lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0, device="cuda")
@@ -157,7 +157,7 @@ def test_decode_scoring_updates_the_completed_page_landmark(variant):
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case(lengths, seed=3)
     s = fixed_budget_schedule(budget)
@@ -176,7 +176,7 @@ def test_sparse_layer_equals_core_reference(lengths, budget):
 
 
 def test_bf16_landmarks_select_nearly_the_same_pages():
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([32768, 16384], seed=4)
     s = fixed_budget_schedule(256)
@@ -191,7 +191,7 @@ def test_bf16_landmarks_select_nearly_the_same_pages():
 
 
 def test_budget_at_least_length_is_dense():
-    from helpers.sparse_case import fixed_budget_schedule, make_case, plan_for
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     lengths = [1000, 517, 16, 1]
     case = make_case(lengths, seed=5)

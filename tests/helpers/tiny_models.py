@@ -11,46 +11,11 @@ from typing import Any, Sequence
 
 import torch
 
-TINY_VOCAB = 128
-TINY_CONTEXT = 1024
-TINY_LAYERS = 4
-TINY_KV_HEADS = 2
-TINY_HEAD_DIM = 16
+from sparrow_server.models import (  # the product's tiny models, under the names the tests use
+    TINY_CONTEXT, TINY_HEAD_DIM, TINY_KV_HEADS, TINY_LAYERS, TINY_VOCAB, save_tiny_model, tiny_config, tiny_model,
+)
+
 PAGE_SIZE = 16
-
-
-def tiny_config(arch: str = "llama", **overrides: Any):
-    from transformers import LlamaConfig, Qwen3Config
-
-    common = dict(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=TINY_LAYERS,
-        num_attention_heads=4, num_key_value_heads=TINY_KV_HEADS, head_dim=TINY_HEAD_DIM,
-        max_position_embeddings=TINY_CONTEXT, initializer_range=0.1, eos_token_id=TINY_VOCAB - 1,
-        bos_token_id=0, tie_word_embeddings=False,
-    )
-    common.update(overrides)
-    return Qwen3Config(**common) if arch == "qwen3" else LlamaConfig(**common)
-
-
-def tiny_model(arch: str = "llama", seed: int = 0, lm_head_std: float | None = None, **overrides: Any):
-    """``lm_head_std``: redraw the (untied) output layer with this scale, after the rest (0.5 gives peaked
-    next-token distributions, so greedy rollouts of two seeds part early and equality means something)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, **overrides), dtype=torch.float32)
-    if lm_head_std is not None:
-        with torch.no_grad():
-            model.lm_head.weight.normal_(0.0, lm_head_std)
-    return model.eval()
-
-
-def save_tiny_model(directory: str | Path, arch: str = "llama", seed: int = 0, lm_head_std: float | None = None,
-                    **overrides: Any) -> Path:
-    """Write a tiny random model (no tokenizer) with ``save_pretrained``; returns the directory."""
-    directory = Path(directory)
-    tiny_model(arch, seed, lm_head_std, **overrides).save_pretrained(directory)
-    return directory
 
 
 def load_plain(directory: str | Path, attn: str = "eager"):
@@ -124,3 +89,7 @@ def teacher_forced_logprobs(model, prompt: Sequence[int], completion: Sequence[i
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)
     n = len(prompt)
     return [float(logp[n - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+__all__ = ["TINY_CONTEXT", "TINY_HEAD_DIM", "TINY_KV_HEADS", "TINY_LAYERS", "TINY_VOCAB", "PAGE_SIZE", "MASKED_ATTENTION",
+           "save_tiny_model", "tiny_config", "tiny_model", "load_plain", "selection_masks", "teacher_forced_logprobs"]

@@ -1,5 +1,8 @@
-"""Random paged KV pools and the backend's per-layer page selection outside SGLang, for the kernel
-tests (GPU, and CPU under the Triton interpreter) and the kernel benchmark (not a test module)."""
+"""The backend's per-layer block-sparse decode outside SGLang, on a random paged KV pool: the same
+kernels in the same order (landmark scoring, top-k + index writing, FlashInfer decode over per-head
+page lists on SGLang's token-major pool). For the kernel benchmark (``benchmarks/sparse_kernel_bench.py``)
+and the kernel tests (GPU, and CPU under the Triton interpreter, which pass their own copy of
+``sparse_decode``). Imports FlashInfer only where a ``SparseLayer`` is built."""
 from __future__ import annotations
 
 import math
@@ -128,3 +131,35 @@ class SparseSelection:
         ids, _ = select_pages(scores, torch.from_numpy(self.plan.n_pages.astype("int64")),
                               torch.from_numpy(self.plan.count.astype("int64")), sink, recent)
         return [[int(p) for p in row if p >= 0] for row in ids.view(b * h, -1).tolist()]
+
+
+class SparseLayer(SparseSelection):
+    """Plans once (eager FlashInfer plan) and runs select + attend for one layer's pool, on the
+    kernel the server would pick (``use_tensor_cores``: FlashInfer's tensor-core decode)."""
+
+    def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
+                 variant: str | None = None, use_tensor_cores: bool = False):
+        import flashinfer
+
+        from sparrow_server.kernels import sparse_decode as K
+
+        super().__init__(K, case, plan, landmarks, pcap, variant)
+        self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
+                                                                     use_tensor_cores=use_tensor_cores)
+        self.wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices, torch.from_numpy(plan.last_page_len),
+                          self.g, 1, case.q.shape[2], case.page_size, data_type=case.k_buf.dtype,
+                          q_data_type=case.q.dtype)
+        self.kv = (K.per_head_kv_view(case.k_buf, case.page_size), K.per_head_kv_view(case.v_buf, case.page_size))
+        self.out = torch.empty(plan.batch_size * self.h, self.g, case.q.shape[2], dtype=case.q.dtype,
+                               device=case.q.device)
+
+    def attend(self, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+        """FlashInfer decode over the index buffer's pages: [B*H, G, D] (into ``out`` when given, e.g.
+        ``self.out`` inside a CUDA graph; else a new tensor)."""
+        return self.wrapper.run(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, out=out,
+                                sm_scale=scale)
+
+    def __call__(self, scale: float, cache_loc=None) -> torch.Tensor:
+        self.score(cache_loc)
+        self.select_write()
+        return self.attend(scale)
