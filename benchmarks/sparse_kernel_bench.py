@@ -124,8 +124,7 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, tensor_cores: b
     default selection variant picks."""
     case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, tensor_cores)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
-    return graph_us(lambda: layer.attend(1 / math.sqrt(D), out=layer.out)), dense_attn_us(case, len(case.lengths), ctx,
-                                                                                        ws, tensor_cores)
+    return graph_us(lambda: layer.attend(out=layer.out)), dense_attn_us(case, len(case.lengths), ctx, ws, tensor_cores)
 
 
 def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:

@@ -153,13 +153,13 @@ class SparseLayer(SparseSelection):
         self.out = torch.empty(plan.batch_size * self.h, self.g, case.q.shape[2], dtype=case.q.dtype,
                                device=case.q.device)
 
-    def attend(self, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
-        """FlashInfer decode over the index buffer's pages: [B*H, G, D] (into ``out`` when given, e.g.
-        ``self.out`` inside a CUDA graph; else a new tensor)."""
-        return self.wrapper.run(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, out=out,
-                                sm_scale=scale)
+    def attend(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """FlashInfer decode over the index buffer's pages at the scale last set (the plan's 1 / sqrt(head_dim)
+        until a call sets one): [B*H, G, D], into ``out`` when given (``self.out`` inside a CUDA graph)."""
+        return self.wrapper.run(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, out=out)
 
     def __call__(self, scale: float, cache_loc=None) -> torch.Tensor:
+        """Score, select and attend at ``scale`` (FlashInfer's ``forward``: a new output tensor)."""
         self.score(cache_loc)
         self.select_write()
-        return self.attend(scale)
+        return self.wrapper.forward(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, sm_scale=scale)
