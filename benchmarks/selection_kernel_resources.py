@@ -49,9 +49,7 @@ def main() -> None:
         opts = {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
         line = resources(K._score_kernel, SCORE_TYPES, consts, opts, a.arch)
         print(f"score  {v:5} ({nprog} programs/request): {line}")
-        consts = dict(H=8, PS=16, SMALL=K.SELECT_ROWS[0], MEDIUM=K.SELECT_ROWS[1], LARGE=K.SELECT_ROWS[2],
-                      CHUNK=K.SELECT_CHUNK, TAIL_A=K.SELECT_TAILS[0], TAIL_B=K.SELECT_TAILS[1],
-                      TAIL_C=K.SELECT_TAILS[2], TAILS=v == "even", BITS=8 if v == "hist" else 2)
+        consts = dict(H=8, PS=16, **K.select_constants(v))
         line = resources(K._select_kernel, SELECT_TYPES, consts, {"num_warps": 16}, a.arch)
         print(f"select {v:5}: {line}", flush=True)
 

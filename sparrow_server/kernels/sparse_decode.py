@@ -34,6 +34,7 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 SCORE_MAXNREG = 80
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
+SELECT_FINE = (1024, 512)  # ``fine``: rows of up to 1024, then 1024 + 512 candidates, before the 2048 tier
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
 # 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
@@ -43,7 +44,11 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # histogram instead of 16 rounds of 2-bit compares. Offline sm_90 SASS of one tier (instructions
 # per thread / barriers): v1 2048 lanes 2472 / 69, 4096 lanes 4096 / 71; even 2048 + 256 lanes
 # 3208 / 141; hist 2048 lanes 1336 / 47, 4096 lanes 2256 / 47, plus one shared-memory atomic per
-# live key and round (contended if many keys share a digit). All select ``select_pages``' pages.
+# live key and round (contended if many keys share a digit). ``fine``: ``even`` whose rows of 513 to
+# 2048 candidates (8K to 32K context at page 16) take 1024 or 1024 + 512 lanes, not 2048: at batch 64 the
+# 512 rows (64 x 8 KV heads) keep every SM busy and top-k costs what its lanes do (H200, 16K x 64: top-k
+# 46.3 us, score 44.5, benchmarks/results/speed/call22/kernel_bench/), where at batch 16 (one row per SM)
+# a row's 16 rounds set its cost whatever its lanes. All select ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -200,7 +205,8 @@ def _ukey(scores_ptr, j, m):
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr):
+                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
+                   FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr):
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -226,6 +232,10 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if k > 0:
         if hi - lo <= SMALL:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS)
+        elif FINE and hi - lo <= FINE_ROW:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS)
+        elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS)
         elif hi - lo <= MEDIUM:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, 0, BITS)
         elif TAILS:
@@ -360,6 +370,15 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
                                      h, H, PS)
 
 
+def select_constants(variant: str | None = None) -> dict:
+    """The compile-time constants of ``_select_kernel`` for a selection variant (its register tiers)."""
+    variant = _variant(variant)
+    return dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
+                TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
+                TAILS=variant in ("even", "fine"), BITS=8 if variant == "hist" else 2,
+                FINE=variant == "fine", FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+
+
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
                      count: Tensor, sink: Tensor, k: Tensor, cand_lo: Tensor, cand_hi: Tensor, row_indptr: Tensor,
                      num_kv_heads: int, page_size: int, out: Tensor, variant: str | None = None) -> None:
@@ -371,9 +390,6 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     """
     rows, pcap = scores.shape
-    variant = _variant(variant)
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
-                            SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                            TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                            TAILS=variant == "even", BITS=8 if variant == "hist" else 2, num_warps=16)
+                            **select_constants(variant), num_warps=16)

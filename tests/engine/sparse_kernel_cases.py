@@ -14,14 +14,15 @@ import os
 import pytest
 import torch
 
-from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseSelection, fixed_budget_schedule, make_case, plan_for
 from sparrow_server.kernels import reference as R
+from sparrow_server.sglang_plugin.scheduler.standalone_layer import (SparseSelection, fixed_budget_schedule, make_case,
+                                                                     plan_for)
 from sparrow_server.sparsity.schedule import dense_schedule
 
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
-VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
+VARIANTS = ("v1", "split", "even", "hist", "fine")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -141,10 +142,12 @@ def test_selection_in_every_tier(K, scores):
 
 
 # Issue 24: rows on each side of 2048 (where ``v1`` steps to its 4096 tier and to a second score
-# tile), of ``even``'s tail tiers (2048 + 256 / 512 / 1024), of 4096 (streamed past it), a short
-# row and a dense row, in one batch. Candidates = pages - 3; each length ends inside its last page.
-SPLIT_CANDIDATES = [2047, 2048, 2049, 2304, 2305, 2560, 2561, 3071, 3072, 3073, 4096, 4097, 300]
-SPLIT_BUDGETS = [256, 256, 256, 2300, 40, 256, 2561, 256, 3000, 1500, 256, 4000, 30]
+# tile), of ``even``'s tail tiers (2048 + 256 / 512 / 1024), of ``fine``'s (1024, 1024 + 512), of 4096
+# (streamed past it), a short row and a dense row, in one batch. Candidates = pages - 3; each length
+# ends inside its last page.
+SPLIT_CANDIDATES = [2047, 2048, 2049, 2304, 2305, 2560, 2561, 3071, 3072, 3073, 4096, 4097, 300,
+                    1024, 1025, 1536, 1537]
+SPLIT_BUDGETS = [256, 256, 256, 2300, 40, 256, 2561, 256, 3000, 1500, 256, 4000, 30, 1023, 224, 1500, 256]
 # Scoring (slow interpreted): one tile per span at the server's Pcap (first batch); several at a
 # Pcap whose grid is capped at SCORE_PROGRAMS_MAX (second).
 SCORE_BATCHES = [([2047, 2049, 2305, 300], None), ([4097, 33], 6000)]
