@@ -6,7 +6,9 @@ host-side KV rows to it (``hooks``, ``side_table``, ``state``), per-step plannin
 the landmark side cache kept consistent with SGLang's KV cache (``landmarks``) and the selection
 debug recorder (``selection_debug``), the batch-invariant plan of deterministic inference
 (``determinism``), and the sparse rows kept for exact acceptance on a subsample
-of positions, scored in the dense verify prefill (``exact_rows``, ``exact_verify``, ``exact_hooks``).
+of positions, scored in the dense verify prefill (``exact_rows``, ``exact_verify``, ``exact_hooks``); and the
+backend's per-layer sparse decode outside SGLang, on a random pool, for the kernel benchmark and tests
+(``standalone_layer``).
 The only code of the project that imports FlashInfer or SGLang's scheduler, model-runner or layer
 internals; it never imports ``frontend``.
 """
