@@ -11,11 +11,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from sparrow_server.engine import bounds
+# The errors have their own module, so that memory, weights and weight groups (which Engine uses) need not
+# import this one; imported here, they stay part of the interface.
+from sparrow_server.engine.errors import (
+    ContextLengthError, DuplicateRequestError, EngineError, InvalidRequestError, UnknownAdapterError,
+)
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LocalModel
+from sparrow_server.engine.weights import DEFAULT_WEIGHT_VERSION
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.wire import check_page_size
 
-if TYPE_CHECKING:  # these modules import this one (exact_subsample: torch, only for the annotation)
+if TYPE_CHECKING:  # annotations only (exact_subsample imports torch)
     from sparrow_server.stats.exact_subsample import KeptPositions
     from sparrow_server.engine.memory import MemoryControl
     from sparrow_server.engine.weights import WeightSync
@@ -30,50 +36,6 @@ DEFAULT_FREQUENCY_PENALTY = 0.0
 DEFAULT_PRESENCE_PENALTY = 0.0
 DEFAULT_REPETITION_PENALTY = 1.0  # 1 = off
 MAX_TOP_LOGPROBS = 20
-DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
-
-
-class EngineError(Exception):
-    """Base of every error an engine raises on a request."""
-
-
-class InvalidRequestError(EngineError, ValueError):
-    """A request field with a bad value (HTTP 422). ``field`` names it, ``value`` is its value."""
-
-    def __init__(self, field_name: str, value: Any, reason: str):
-        self.field = field_name
-        self.value = value
-        self.reason = reason
-        super().__init__(f"{field_name} = {value!r}: {reason}")
-
-
-class ContextLengthError(EngineError, ValueError):
-    """Prompt plus ``max_new_tokens`` does not fit the model's context (HTTP 400)."""
-
-    def __init__(self, prompt_tokens: int, max_new_tokens: int, context_length: int, what: str = "context length"):
-        self.prompt_tokens = prompt_tokens
-        self.max_new_tokens = max_new_tokens
-        self.context_length = context_length
-        super().__init__(
-            f"prompt_tokens ({prompt_tokens}) + max_new_tokens ({max_new_tokens}) = "
-            f"{prompt_tokens + max_new_tokens} exceeds the model's {what} ({context_length})"
-        )
-
-
-class UnknownAdapterError(EngineError, KeyError):
-    """No adapter of that name (HTTP 404)."""
-
-    def __init__(self, name: str, known: tuple[str, ...] = ()):
-        self.name = name
-        self.known = known
-        super().__init__(name)
-
-    def __str__(self) -> str:
-        return f"unknown adapter {self.name!r} (loaded: {', '.join(self.known) or 'none'})"
-
-
-class DuplicateRequestError(EngineError, ValueError):
-    """A live request already uses this ``rid`` (HTTP 409)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from sparrow_server.engine.base import EngineError, InvalidRequestError
+from sparrow_server.engine.errors import EngineError, InvalidRequestError
 from sparrow_server.engine.weights import WeightUpdateResult
 
 DEFAULT_GROUP_NAME = "weight_update_group"  # SGLang's

@@ -19,7 +19,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION, EngineError, InvalidRequestError
+from sparrow_server.engine.errors import EngineError, InvalidRequestError
+
+DEFAULT_WEIGHT_VERSION = "default"  # SGLang's initial weight_version
 
 PAUSE_ABORT = "abort"        # abort every live request; hold new ones until continue
 PAUSE_RETRACT = "retract"    # free the running requests' KV and requeue them; hold new ones

@@ -16,6 +16,7 @@ BACKEND_NAME = "sparrow"
 # The sparse decode kernel's page: SGLang runs with --page-size PAGE_SIZE (the host passes it, the
 # backend checks it), and the engine reports it as the server's page size.
 PAGE_SIZE = 16
+PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only" (engine and verifier requests)
 
 ENV_DEFAULT_SCHEDULE = "SPARROW_DEFAULT_SCHEDULE"
 ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"

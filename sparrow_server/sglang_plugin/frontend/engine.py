@@ -23,12 +23,11 @@ from sparrow_server.engine.base import (
     UnknownAdapterError,
 )
 from sparrow_server.engine.ports import AdapterPort, DenseScoring, LoadedAdapter
-from sparrow_server.sglang_plugin.config import PAGE_SIZE, PluginConfig
+from sparrow_server.sglang_plugin.config import PAGE_SIZE, PROMPT_LOGPROBS_OFF, PluginConfig
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import Schedule, kv_budget_tokens
 from sparrow_server.stats import exact_wire
 
-PROMPT_LOGPROBS_OFF = -1  # SGLang's logprob_start_len for "output logprobs only"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from sparrow_server.monitor.verifier import DEFAULT_RECORD_TOPK, topk_tensors
-from sparrow_server.sglang_plugin.frontend.engine import PROMPT_LOGPROBS_OFF
+from sparrow_server.sglang_plugin.config import PROMPT_LOGPROBS_OFF
 from sparrow_server.sparsity import wire
 from sparrow_server.sparsity.schedule import dense_schedule
 from sparrow_server.stats import exact_wire
