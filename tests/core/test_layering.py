@@ -183,3 +183,57 @@ def test_nothing_outside_the_plugin_imports_scheduler_internals():
     offenders = [(pkg, f, m) for pkg in LAYER_OF if pkg != PLUGIN for f, m in _imports(pkg, names=True)
                  if _is_scheduler_internal(m)]
     assert not offenders, offenders
+
+
+def _module_of(dotted: str) -> str | None:
+    """The project module file an absolute import name lands in (``a.b`` for a/b.py or a/b/__init__.py),
+    or None outside the project."""
+    parts = dotted.split(".")
+    if parts[0] != "sparrow_server":
+        return None
+    for n in range(len(parts), 1, -1):
+        path = ROOT.joinpath(*parts[1:n])
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            return ".".join(parts[:n])
+    return "sparrow_server"
+
+
+def _module_edges() -> dict[str, set[str]]:
+    """module -> the project modules it imports (every import, lazy and TYPE_CHECKING ones included; ``from P
+    import m`` of a submodule ``m`` counts as an import of ``P.m`` only, as Python's import system sees it)."""
+    edges: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        own = ".".join(("sparrow_server",) + parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module if node.level == 0 else ".".join(
+                    (("sparrow_server",) + rel.parts)[:-node.level] + ((node.module,) if node.module else ()))
+                targets = [f"{base}.{a.name}" if _module_of(f"{base}.{a.name}") == f"{base}.{a.name}" else base
+                           for a in node.names]
+            else:
+                continue
+            edges.setdefault(own, set()).update(m for m in map(_module_of, targets) if m and m != own)
+    return edges
+
+
+def test_module_graph_has_no_cycle():
+    """No two modules import each other, directly or around a circle (``farm-studio look``'s circles): a
+    constant or error both sides need lives in a module of its own or in the lower one."""
+    edges = _module_edges()
+    state: dict[str, str] = {}
+
+    def visit(mod: str, path: tuple[str, ...]) -> None:
+        state[mod] = "open"
+        for dst in sorted(edges.get(mod, ())):
+            assert state.get(dst) != "open", f"import cycle: {' -> '.join(path + (dst,))}"
+            if dst not in state:
+                visit(dst, path + (dst,))
+        state[mod] = "done"
+
+    for mod in sorted(edges):
+        if mod not in state:
+            visit(mod, (mod,))
