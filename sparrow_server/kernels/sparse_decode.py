@@ -48,7 +48,9 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # 2048 candidates (8K to 32K context at page 16) take 1024 or 1024 + 512 lanes, not 2048: at batch 64 the
 # 512 rows (64 x 8 KV heads) keep every SM busy and top-k costs what its lanes do (H200, 16K x 64: top-k
 # 46.3 us, score 44.5, benchmarks/results/speed/call22/kernel_bench/), where at batch 16 (one row per SM)
-# a row's 16 rounds set its cost whatever its lanes. All select ``select_pages``' pages.
+# a row's 16 rounds set its cost whatever its lanes. ``fine_hist``: ``fine``'s tiers with ``hist``'s 4
+# histogram rounds (one shared-memory atomic per live key and round instead of 4 compares per key and
+# round over 16 rounds: fewer instructions where the SMs are full). All select ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -375,8 +377,8 @@ def select_constants(variant: str | None = None) -> dict:
     variant = _variant(variant)
     return dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                 TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                TAILS=variant in ("even", "fine"), BITS=8 if variant == "hist" else 2,
-                FINE=variant == "fine", FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+                TAILS=variant in ("even", "fine", "fine_hist"), BITS=8 if variant in ("hist", "fine_hist") else 2,
+                FINE=variant in ("fine", "fine_hist"), FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
 
 
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,

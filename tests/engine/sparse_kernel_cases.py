@@ -22,7 +22,8 @@ from sparrow_server.sparsity.schedule import dense_schedule
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
-VARIANTS = ("v1", "split", "even", "hist", "fine")  # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
+# sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
+VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
