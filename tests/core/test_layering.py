@@ -83,21 +83,34 @@ def test_no_upward_import():
     assert not upward, upward
 
 
-def test_package_graph_has_no_cycle():
-    edges = {pkg: set(targets) for pkg, targets in _package_edges().items()}
+def _first_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """A cycle of the directed graph (its nodes, the first repeated at the end), or [] (depth first)."""
     state: dict[str, str] = {}
 
-    def visit(pkg: str, path: tuple[str, ...]) -> None:
-        state[pkg] = "open"
-        for dst in sorted(edges.get(pkg, ())):
-            assert state.get(dst) != "open", f"import cycle: {' -> '.join(path + (dst,))}"
-            if dst not in state:
-                visit(dst, path + (dst,))
-        state[pkg] = "done"
+    def visit(node: str, path: tuple[str, ...]) -> list[str]:
+        state[node] = "open"
+        for dst in sorted(edges.get(node, ())):
+            if state.get(dst) == "open":
+                return list(path + (dst,))
+            if dst not in state and (found := visit(dst, path + (dst,))):
+                return found
+        state[node] = "done"
+        return []
 
-    for pkg in sorted(LAYER_OF):
-        if pkg not in state:
-            visit(pkg, (pkg,))
+    for node in sorted(edges):
+        if node not in state and (found := visit(node, (node,))):
+            return found
+    return []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _first_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _first_cycle({"a": {"b", "c"}, "b": {"c"}}) == []
+
+
+def test_package_graph_has_no_cycle():
+    cycle = _first_cycle({pkg: set(targets) for pkg, targets in _package_edges().items()})
+    assert not cycle, f"import cycle: {' -> '.join(cycle)}"
 
 
 def test_relative_imports_resolve_within_the_project():
@@ -223,17 +236,5 @@ def _module_edges() -> dict[str, set[str]]:
 def test_module_graph_has_no_cycle():
     """No two modules import each other, directly or around a circle (``farm-studio look``'s circles): a
     constant or error both sides need lives in a module of its own or in the lower one."""
-    edges = _module_edges()
-    state: dict[str, str] = {}
-
-    def visit(mod: str, path: tuple[str, ...]) -> None:
-        state[mod] = "open"
-        for dst in sorted(edges.get(mod, ())):
-            assert state.get(dst) != "open", f"import cycle: {' -> '.join(path + (dst,))}"
-            if dst not in state:
-                visit(dst, path + (dst,))
-        state[mod] = "done"
-
-    for mod in sorted(edges):
-        if mod not in state:
-            visit(mod, (mod,))
+    cycle = _first_cycle(_module_edges())
+    assert not cycle, f"import cycle: {' -> '.join(cycle)}"
