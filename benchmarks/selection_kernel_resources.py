@@ -1,6 +1,7 @@
 """Registers, stack and shared memory of the selection kernels of each variant, compiled offline
 for a GPU target (no GPU needed: Triton's bundled ptxas and cuobjdump). Occupancy follows from
-them: a score program has 8 warps, a select program 16 (65536 registers per SM).
+them: a score program has 8 warps, a select program 16 (65536 registers per SM: at 128 registers one select
+program fills an SM; ``fine_hist64`` / ``fine_hist40`` cap them for 2 or 3).
 Usage: python benchmarks/selection_kernel_resources.py [--arch 90] [--pcap 2560]
 """
 from __future__ import annotations
@@ -50,7 +51,7 @@ def main() -> None:
         line = resources(K._score_kernel, SCORE_TYPES, consts, opts, a.arch)
         print(f"score  {v:5} ({nprog} programs/request): {line}")
         consts = dict(H=8, PS=16, **K.select_constants(v))
-        line = resources(K._select_kernel, SELECT_TYPES, consts, {"num_warps": 16}, a.arch)
+        line = resources(K._select_kernel, SELECT_TYPES, consts, K.select_launch_options(v), a.arch)
         print(f"select {v:5}: {line}", flush=True)
 
 

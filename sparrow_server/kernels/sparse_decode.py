@@ -35,6 +35,12 @@ SCORE_MAXNREG = 80
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_FINE = (1024, 512)  # ``fine``: rows of up to 1024, then 1024 + 512 candidates, before the 2048 tier
+SELECT_WARPS = 16     # warps of a ``select_and_write`` program
+# Register caps of the top-k kernel (offline sm_90 compile, ``benchmarks/selection_kernel_resources.py``): uncapped,
+# every variant's kernel takes 128 registers (``hist``-round ones 88), so one 16-warp program fills an SM's 65,536
+# and at batch 64 (512 rows on 132 SMs) the rows run four deep. The 2-bit compare rounds spill 808 bytes of stack
+# at a cap of 64, the histogram rounds 40 (64 registers: 2 programs per SM) or 80 (40 registers: 3).
+SELECT_MAXNREG = {"fine_hist64": 64, "fine_hist40": 40}
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
 # 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
@@ -50,7 +56,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # 46.3 us, score 44.5, benchmarks/results/speed/call22/kernel_bench/), where at batch 16 (one row per SM)
 # a row's 16 rounds set its cost whatever its lanes. ``fine_hist``: ``fine``'s tiers with ``hist``'s 4
 # histogram rounds (one shared-memory atomic per live key and round instead of 4 compares per key and
-# round over 16 rounds: fewer instructions where the SMs are full). All select ``select_pages``' pages.
+# round over 16 rounds: fewer instructions where the SMs are full); ``fine_hist64`` / ``fine_hist40``: that
+# kernel under a register cap (SELECT_MAXNREG), so 2 or 3 rows share an SM. All select ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -375,10 +382,17 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
 def select_constants(variant: str | None = None) -> dict:
     """The compile-time constants of ``_select_kernel`` for a selection variant (its register tiers)."""
     variant = _variant(variant)
+    fine = variant.startswith("fine")
     return dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                 TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                TAILS=variant in ("even", "fine", "fine_hist"), BITS=8 if variant in ("hist", "fine_hist") else 2,
-                FINE=variant in ("fine", "fine_hist"), FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+                TAILS=variant == "even" or fine, BITS=8 if variant == "hist" or variant.startswith("fine_hist") else 2,
+                FINE=fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+
+
+def select_launch_options(variant: str | None = None) -> dict:
+    """Launch options of ``_select_kernel`` for a selection variant: its warps and register cap."""
+    cap = SELECT_MAXNREG.get(_variant(variant))
+    return {"num_warps": SELECT_WARPS, **({"maxnreg": cap} if cap else {})}
 
 
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
@@ -394,4 +408,4 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     rows, pcap = scores.shape
     _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo, cand_hi,
                             row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
-                            **select_constants(variant), num_warps=16)
+                            **select_constants(variant), **select_launch_options(variant))
