@@ -18,6 +18,8 @@ Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -36,11 +38,29 @@ SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores a
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_FINE = (1024, 512)  # ``fine``: rows of up to 1024, then 1024 + 512 candidates, before the 2048 tier
 SELECT_WARPS = 16     # warps of a ``select_and_write`` program
-# Register caps of the top-k kernel (offline sm_90 compile, ``benchmarks/selection_kernel_resources.py``): uncapped,
-# every variant's kernel takes 128 registers (``hist``-round ones 88), so one 16-warp program fills an SM's 65,536
-# and at batch 64 (512 rows on 132 SMs) the rows run four deep. The 2-bit compare rounds spill 808 bytes of stack
-# at a cap of 64, the histogram rounds 40 (64 registers: 2 programs per SM) or 80 (40 registers: 3).
-SELECT_MAXNREG = {"fine_hist64": 64, "fine_hist40": 40}
+
+
+@dataclass(frozen=True)
+class TopKVariant:
+    """How a selection variant's top-k kernel is built: ``tails``, ``even``'s tiers past 2048 (SELECT_TAILS);
+    ``fine``, the tiers of SELECT_FINE below 2048; ``bits`` per radix round (2: compares, 8: histogram);
+    ``maxnreg``, a register cap. Uncapped (offline sm_90 compile, ``benchmarks/selection_kernel_resources.py``)
+    every variant's kernel takes 128 registers (histogram rounds 88), so one 16-warp program fills an SM's
+    65,536 and at batch 64 (512 rows on 132 SMs) the rows run four deep. The compare rounds spill 808 bytes of
+    stack at a cap of 64, the histogram rounds 40 (64 registers: 2 programs per SM) or 80 (40 registers: 3)."""
+
+    tails: bool = False
+    fine: bool = False
+    bits: int = 2
+    maxnreg: int | None = None
+
+
+TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVariant(tails=True),
+                 "hist": TopKVariant(bits=8), "fine": TopKVariant(tails=True, fine=True),
+                 "fine_hist": TopKVariant(tails=True, fine=True, bits=8),
+                 "fine_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64),
+                 "fine_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=40)}
+assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
 # 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
@@ -57,7 +77,7 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # a row's 16 rounds set its cost whatever its lanes. ``fine_hist``: ``fine``'s tiers with ``hist``'s 4
 # histogram rounds (one shared-memory atomic per live key and round instead of 4 compares per key and
 # round over 16 rounds: fewer instructions where the SMs are full); ``fine_hist64`` / ``fine_hist40``: that
-# kernel under a register cap (SELECT_MAXNREG), so 2 or 3 rows share an SM. All select ``select_pages``' pages.
+# kernel under a register cap (``TopKVariant.maxnreg``), so 2 or 3 rows share an SM. All select ``select_pages``' pages.
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -381,17 +401,15 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
 
 def select_constants(variant: str | None = None) -> dict:
     """The compile-time constants of ``_select_kernel`` for a selection variant (its register tiers)."""
-    variant = _variant(variant)
-    fine = variant.startswith("fine")
+    v = TOPK_VARIANTS[_variant(variant)]
     return dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                TAILS=variant == "even" or fine, BITS=8 if variant == "hist" or variant.startswith("fine_hist") else 2,
-                FINE=fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+                TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails, BITS=v.bits,
+                FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
 
 
 def select_launch_options(variant: str | None = None) -> dict:
     """Launch options of ``_select_kernel`` for a selection variant: its warps and register cap."""
-    cap = SELECT_MAXNREG.get(_variant(variant))
+    cap = TOPK_VARIANTS[_variant(variant)].maxnreg
     return {"num_warps": SELECT_WARPS, **({"maxnreg": cap} if cap else {})}
 
 
