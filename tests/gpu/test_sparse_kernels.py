@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from sparrow_server.kernels import SELECT_VARIANTS as VARIANTS
 from sparrow_server.kernels import reference as R
 from sparrow_server.sparsity.selection import dense_decode_attention, sparse_decode_attention
 from sparrow_server.sparsity.schedule import dense_schedule
@@ -14,7 +15,6 @@ pytestmark = pytest.mark.gpu
 
 PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
-VARIANTS = ("v1", "split", "even", "hist")  # sparse_decode.SELECT_VARIANTS (tests/engine/sparse_kernel_cases.py checks)
 
 
 def _rel(a, b):
