@@ -63,11 +63,14 @@ EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ()}
 # its sparse layers on FlashInfer's CUDA-core decode (GQA group 4), at half the dense kernel's bandwidth; the
 # code now decodes them on tensor cores, as SGLang does the dense layers.
 LATER_CODE = {"h100": (), "h200": ("speed/call20/rolloutA", "speed/call20/rolloutB", "speed/call21/rolloutB_33",
-                                   "speed/call21/rolloutA_4b", "speed/call22/rolloutA_8b")}
+                                   "speed/call21/rolloutA_4b", "speed/call22/rolloutA_8b", "speed/call23/rolloutA",
+                                   "speed/call23/rolloutA_4b")}
 NOT_FITTED_LABEL = {**{c: "earlier kernel" for v in EARLIER_KERNELS.values() for c in v},
                     **{c: "issue-24 code" for v in LATER_CODE.values() for c in v},
                     "speed/call21/rolloutA_4b": "issue-24 code, CUDA-core sparse decode at GQA group 4",
-                    "speed/call22/rolloutA_8b": "issue-24 code, tensor-core sparse decode at GQA group 4"}
+                    "speed/call22/rolloutA_8b": "issue-24 code, tensor-core sparse decode at GQA group 4",
+                    "speed/call23/rolloutA": "issue-24 code, fine_hist64 selection",
+                    "speed/call23/rolloutA_4b": "issue-24 code, fine_hist64 selection, tensor-core sparse decode"}
 DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).

@@ -10,6 +10,7 @@
 # ``fine_hist40`` that with its top-k kernel capped at 64 or 40 registers (2 or 3 programs per SM instead of
 # 1). Here so that the plug-in's settings can check a name without Triton.
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40")
-# ``even``: 40.4 vs v1's 47.8 µs per layer just past 2048 candidates, 44.4 vs 52.1 at 40K, 1.4 µs slower
-# at exactly 2045 (H200, batch 16; benchmarks/results/speed/); served 32K x 16 at 2.63x dense with it.
-DEFAULT_SELECT_VARIANT = "even"
+# ``fine_hist64`` (call 23, H200, benchmarks/results/speed/call23/): selection 74.0 vs ``even``'s 99.2 µs per
+# layer at 16K x 64 (rollout A's batch), no slower at batch 16 (22.0 vs 24.8 at 16K, 36.9 vs 37.6 at 32K) or at
+# a GQA group of 4; rollout A served 2.28x dense with it (``even``: 2.17x). Picked by pick_select_variant.py.
+DEFAULT_SELECT_VARIANT = "fine_hist64"
