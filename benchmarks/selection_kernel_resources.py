@@ -16,6 +16,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from sparrow_server.kernels import sparse_decode as K
+from sparrow_server.kernels import topk
 
 SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
                    lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
@@ -50,9 +51,11 @@ def main() -> None:
         opts = {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
         line = resources(K._score_kernel, SCORE_TYPES, consts, opts, a.arch)
         print(f"score  {v:5} ({nprog} programs/request): {line}")
-        consts = dict(H=8, PS=16, **K.select_constants(v))
-        line = resources(K._select_kernel, SELECT_TYPES, consts, K.select_launch_options(v), a.arch)
-        print(f"select {v:5}: {line}", flush=True)
+        launches = K.select_launches(v)
+        for consts, options in launches:
+            line = resources(topk._select_kernel, SELECT_TYPES, dict(H=8, PS=16, **consts), options, a.arch)
+            part = f" part {consts['PART']} ({options['num_warps']} warps)" if len(launches) > 1 else ""
+            print(f"select {v:5}{part}: {line}", flush=True)
 
 
 if __name__ == "__main__":

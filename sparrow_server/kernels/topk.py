@@ -1,0 +1,334 @@
+"""Triton kernels of the exact top-k of ``select_and_write`` (the selection's second half, after
+``sparse_decode.page_scores``): per (request, KV head) row, the k best candidate pages by a radix search on
+order-preserving integer keys, the row held in registers at the smallest tier that fits it (ties to the earlier
+page, as ``select_pages``), and the FlashInfer page ids of sink + top-k + recent pages into the decode
+wrapper's index buffer. ``sparse_decode`` re-exports what is public here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
+
+SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
+SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
+SELECT_FINE = (1024, 512)  # ``fine``: rows of up to 1024, then 1024 + 512 candidates, before the 2048 tier
+SELECT_WARPS = 16     # warps of a ``select_and_write`` program
+
+
+@dataclass(frozen=True)
+class TopKVariant:
+    """How a selection variant's top-k kernel is built: ``tails``, ``even``'s tiers past 2048 (SELECT_TAILS);
+    ``fine``, the tiers of SELECT_FINE below 2048; ``bits`` per radix round (2: compares, 8: histogram);
+    ``maxnreg``, a register cap. Uncapped (offline sm_90 compile, ``benchmarks/selection_kernel_resources.py``)
+    every variant's kernel takes 128 registers (histogram rounds 88), so one 16-warp program fills an SM's
+    65,536 and at batch 64 (512 rows on 132 SMs) the rows run four deep. The compare rounds spill 808 bytes of
+    stack at a cap of 64, the histogram rounds 40 (64 registers: 2 programs per SM) or 80 (40 registers: 3)."""
+
+    tails: bool = False
+    fine: bool = False
+    bits: int = 2
+    maxnreg: int | None = None
+    # Two launches: the rows of up to 1024 + 512 candidates (SELECT_FINE; with ``fine`` only) in a kernel of
+    # ``short_warps`` warps that compiles only those tiers, under ``short_maxnreg``; the longer rows as above.
+    short_warps: int | None = None
+    short_maxnreg: int | None = None
+
+    def __post_init__(self):
+        assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
+
+
+TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVariant(tails=True),
+                 "hist": TopKVariant(bits=8), "fine": TopKVariant(tails=True, fine=True),
+                 "fine_hist": TopKVariant(tails=True, fine=True, bits=8),
+                 "fine_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64),
+                 "fine_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=40),
+                 "short_hist": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=16),
+                 "short_hist32": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=16,
+                                             short_maxnreg=32),
+                 "short8_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
+                                              short_maxnreg=40)}
+assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
+SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
+# SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
+# 512/2048/4096), whose cost steps up past 2048 candidates (issue 24). ``split``: score programs
+# split each row evenly, v1's top-k. ``even``: ``split`` whose top-k tiers step by SELECT_TAILS
+# past 2048 (a second register block: fewer lanes than 4096, but its own block-wide reduction per
+# round). ``hist``: ``split`` whose register tiers find the k-th key in 4 rounds of a 256-bin
+# histogram instead of 16 rounds of 2-bit compares. Offline sm_90 SASS of one tier (instructions
+# per thread / barriers): v1 2048 lanes 2472 / 69, 4096 lanes 4096 / 71; even 2048 + 256 lanes
+# 3208 / 141; hist 2048 lanes 1336 / 47, 4096 lanes 2256 / 47, plus one shared-memory atomic per
+# live key and round (contended if many keys share a digit). ``fine``: ``even`` whose rows of 513 to
+# 2048 candidates (8K to 32K context at page 16) take 1024 or 1024 + 512 lanes, not 2048: at batch 64 the
+# 512 rows (64 x 8 KV heads) keep every SM busy and top-k costs what its lanes do (H200, 16K x 64: top-k
+# 46.3 us, score 44.5, benchmarks/results/speed/call22/kernel_bench/), where at batch 16 (one row per SM)
+# a row's 16 rounds set its cost whatever its lanes. ``fine_hist``: ``fine``'s tiers with ``hist``'s 4
+# histogram rounds (one shared-memory atomic per live key and round instead of 4 compares per key and
+# round over 16 rounds: fewer instructions where the SMs are full); ``fine_hist64`` / ``fine_hist40``: that
+# kernel under a register cap (``TopKVariant.maxnreg``), so 2 or 3 rows share an SM. ``short_hist``,
+# ``short_hist32``, ``short8_hist40``: ``fine_hist64`` whose rows of up to 1024 + 512 candidates (rollout A's
+# lengths, up to 24K tokens) run in a launch of their own that compiles only those tiers (offline sm_90 compile:
+# 40 registers without spill at 16 warps, so 3 rows per SM, not ``fine_hist64``'s 2; 32 registers and 8 bytes of
+# stack, 4 rows; 8 warps under 40 registers, 24 bytes, 6 rows), the longer rows in a second launch as
+# ``fine_hist64`` (each launch's programs for the other's rows return at once). All select ``select_pages``' pages.
+
+
+def resolve_variant(variant: str | None) -> str:
+    variant = DEFAULT_SELECT_VARIANT if variant is None else variant
+    if variant not in SELECT_VARIANTS:
+        raise ValueError(f"selection variant {variant!r}: expected one of {SELECT_VARIANTS}")
+    return variant
+
+
+
+@triton.jit
+def _ukey(scores_ptr, j, m):
+    """Order-preserving unsigned key of fp32 scores (int64 in [0, 2**32)); -1 where masked."""
+    bits = tl.load(scores_ptr + j, mask=m, other=0.0).to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties with +0.0
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return tl.where(m, key, -1)
+
+
+@triton.jit
+def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
+                   indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
+                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
+                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
+                   FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, PART: tl.constexpr):
+    """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
+    FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
+    launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
+    b = tl.program_id(0) // H
+    k = tl.load(k_ptr + b)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    if PART == 0:
+        _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
+                    FINE_ROW, FINE_TAIL, True, True)
+    elif PART == 1:
+        if (k == 0) | (hi - lo <= FINE_ROW + FINE_TAIL):
+            _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
+                        r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                        BITS, FINE, FINE_ROW, FINE_TAIL, True, False)
+    else:
+        if (k > 0) & (hi - lo > FINE_ROW + FINE_TAIL):
+            _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
+                        r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                        BITS, FINE, FINE_ROW, FINE_TAIL, False, True)
+
+
+@triton.jit
+def _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+                k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
+                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
+    """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
+    FINE, FINE's; LONG: MEDIUM and past)."""
+    r = tl.program_id(0)
+    b = r // H
+    h = r % H
+    cnt = tl.load(cnt_ptr + b)
+    n = tl.load(n_ptr + b)
+    s = tl.load(sink_ptr + b)
+    start = tl.load(indptr_ptr + r)
+    row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    out = out_ptr + start
+    offs = tl.arange(0, SMALL)
+    # reserved part: sink pages first, recent pages last (current page last); a dense row is all sink
+    for u0 in range(0, cnt - k, SMALL):
+        u = u0 + offs
+        m = u < cnt - k
+        t = tl.where(u < s, u, u + k)
+        page = tl.where(u < s, u, n - (cnt - t))
+        slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
+        tl.store(out + t, slot * H + h, mask=m)
+    scores = scores_ptr + r.to(tl.int64) * pcap
+    if k > 0:
+        if not SHORT:
+            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
+                       TAILS, BITS)
+        elif hi - lo <= SMALL:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS)
+        elif FINE and hi - lo <= FINE_ROW:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS)
+        elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS)
+        elif LONG:
+            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
+                       TAILS, BITS)
+
+
+@triton.jit
+def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+               LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr):
+    """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
+    if hi - lo <= MEDIUM:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS)
+    elif TAILS:
+        _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, BITS)
+    elif hi - lo <= LARGE:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
+    else:
+        _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
+
+
+@triton.jit
+def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+                      LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+                      TAIL_C: tl.constexpr, BITS: tl.constexpr):
+    """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
+    the tail, not a step to LARGE), then LARGE, then streamed."""
+    if hi - lo <= MEDIUM + TAIL_A:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS)
+    elif hi - lo <= MEDIUM + TAIL_B:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS)
+    elif hi - lo <= MEDIUM + TAIL_C:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS)
+    elif hi - lo <= LARGE:
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
+    else:
+        _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
+
+
+@triton.jit
+def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
+    """One round of the k-th largest key search over NT = 2**bits digits: (new prefix, keys >= new
+    prefix + 1, which is the count above the threshold after the last round)."""
+    c = tl.arange(0, NT).to(tl.int64)
+    sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 (the prefix) holds k
+    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c == sel, counts, 0), axis=0)
+
+
+@triton.jit
+def _count_at_least(key, thr):
+    """[NT] counts of ``key`` >= each threshold."""
+    return tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
+    """Write the page ids of the keys above ``prefix`` and of the first ``need`` equal to it (after
+    ``n_eq`` equal ones before this block), at ranks from ``n_taken``: page order. Returns the
+    running (n_eq, n_taken)."""
+    eq = key == prefix
+    take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
+    rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+    return n_eq + tl.sum(eq.to(tl.int32), axis=0), n_taken + tl.sum(take.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+                       TAIL: tl.constexpr, BITS: tl.constexpr):
+    """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
+    block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
+    per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
+    rounds of a 256-bin histogram of the keys still in the running)."""
+    j = lo + tl.arange(0, ROW)
+    key = _ukey(scores, j, j < hi)
+    if TAIL > 0:
+        j2 = lo + ROW + tl.arange(0, TAIL)
+        key2 = _ukey(scores, j2, j2 < hi)
+    c = tl.arange(0, 1 << BITS).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (rnd + 1)
+        if BITS == 8:
+            hist = _bucket_histogram(key, prefix, shift)
+            if TAIL > 0:
+                hist += _bucket_histogram(key2, prefix, shift)
+            prefix, n_gt = _histogram_round(hist, k, n_gt, prefix, shift)
+        else:
+            thr = prefix + ((c + 1) << shift)
+            counts = _count_at_least(key, thr)
+            if TAIL > 0:
+                counts += _count_at_least(key2, thr)
+            prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+    zero = tl.zeros([], tl.int32)
+    n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+    if TAIL > 0:
+        _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+
+
+@triton.jit
+def _bucket_histogram(key, prefix, shift):
+    """[256] counts of the next 8-bit digit (at ``shift``) of the keys whose higher bits equal
+    ``prefix``'s (all valid keys in the first round, ``shift`` 24)."""
+    live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+    return tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=live)
+
+
+@triton.jit
+def _histogram_round(hist, k, n_gt, prefix, shift):
+    """One 8-bit round: the digit holding the k-th largest key among the live ones (``k - n_gt``-th
+    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket)."""
+    need = k - n_gt
+    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # live keys with digit >= c
+    sel = tl.sum((at_least >= need).to(tl.int32), axis=0) - 1       # falls with c; >= need at c = 0
+    c = tl.arange(0, 256)
+    above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
+    return prefix + (sel.to(tl.int64) << shift), n_gt + above
+
+
+@triton.jit
+def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, CHUNK: tl.constexpr):
+    """Top-k of a longer row: each round streams the row's keys in CHUNK tiles."""
+    offs = tl.arange(0, CHUNK)
+    c16 = tl.arange(0, 16).to(tl.int64)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(8):
+        shift = 28 - 4 * rnd
+        thr = prefix + ((c16 + 1) << shift)
+        counts = tl.zeros([16], tl.int32)
+        for j0 in range(lo, hi, CHUNK):
+            counts += _count_at_least(_ukey(scores, j0 + offs, j0 + offs < hi), thr)
+        prefix, n_gt = _radix_round(counts, k, prefix, shift, 16)
+    # keys above the threshold, then the earliest equal ones; output in page order
+    n_eq = tl.zeros([], tl.int32)
+    n_taken = tl.zeros([], tl.int32)
+    for j0 in range(lo, hi, CHUNK):
+        j = j0 + offs
+        n_eq, n_taken = _write_taken(_ukey(scores, j, j < hi), j, prefix, k - n_gt, n_eq, n_taken, row, out,
+                                     h, H, PS)
+
+
+def select_launches(variant: str | None = None) -> list[tuple[dict, dict]]:
+    """``_select_kernel``'s launches for a selection variant, each (compile-time constants: its register
+    tiers and PART; launch options: warps and register cap): one, or two for a ``short_warps`` variant."""
+    v = TOPK_VARIANTS[resolve_variant(variant)]
+    consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
+                  TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
+                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+    options = {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
+    if v.short_warps is None:
+        return [({**consts, "PART": 0}, options)]
+    short = {"num_warps": v.short_warps, **({"maxnreg": v.short_maxnreg} if v.short_maxnreg else {})}
+    return [({**consts, "PART": 1}, short), ({**consts, "PART": 2}, options)]
+
+
+def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
+                     count: Tensor, sink: Tensor, k: Tensor, cand_lo: Tensor, cand_hi: Tensor, row_indptr: Tensor,
+                     num_kv_heads: int, page_size: int, out: Tensor, variant: str | None = None) -> None:
+    """Exact top-k + index writing, one program per (request, KV head) row.
+
+    scores: [rows, Pcap] float32, read on ``[cand_lo, cand_hi)`` only. Each row gets sink pages,
+    its ``k`` best candidate pages (ties -> earlier page, as ``select_pages``) in ascending page
+    order, then the recent pages. No static top-k width, so any budget up to the sequence fits.
+    ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
+    """
+    rows, pcap = scores.shape
+    for consts, options in select_launches(variant):
+        _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo,
+                                cand_hi, row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
+                                **consts, **options)
