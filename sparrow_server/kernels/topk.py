@@ -78,11 +78,11 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 
 
 def resolve_variant(variant: str | None) -> str:
+    """``variant``, or the default for None; an unknown name is a ValueError (scoring and top-k share it)."""
     variant = DEFAULT_SELECT_VARIANT if variant is None else variant
     if variant not in SELECT_VARIANTS:
         raise ValueError(f"selection variant {variant!r}: expected one of {SELECT_VARIANTS}")
     return variant
-
 
 
 @triton.jit
