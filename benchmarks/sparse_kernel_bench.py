@@ -101,9 +101,21 @@ def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Te
     layer(scale, loc)
     indices = layer.indices.clone()
     res = {"score_us": graph_us(lambda: layer.score(loc)), "select_and_write_us": graph_us(layer.select_write),
-           "sparse_layer_total_us": graph_us(lambda: layer(scale, loc))}
+           "select_without_topk_us": without_topk_us(layer), "sparse_layer_total_us": graph_us(lambda: layer(scale, loc))}
     res["selection_us"] = res["score_us"] + res["select_and_write_us"]
     return {k: round(v, 1) for k, v in res.items()}, indices
+
+
+def without_topk_us(layer) -> float:
+    """``select_and_write`` with every row's k zeroed: its launches and the index write of as many pages (each
+    row's budget written as reserved pages), no radix select; the rest of ``select_and_write_us`` is the select."""
+    k = layer.fields["k"]
+    saved = k.clone()
+    k.zero_()
+    try:
+        return graph_us(layer.select_write)
+    finally:
+        k.copy_(saved)
 
 
 def dense_attn_us(case, b: int, ctx: int, ws, tensor_cores: bool) -> float:
@@ -178,8 +190,9 @@ def attention_summary(cases: list) -> str:
 
 def summary(cases: list, target: float) -> str:
     """One line per (context, server context, variant): selection against the landmark-read roofline."""
-    lines = [(f"{'context':>8} {'server':>7} {'cands':>6} {'variant':>8} {'score':>7} {'top-k':>7} {'select':>7} "
-              f"{'lm read':>7} {'ratio':>6}  (us; ratio = select / lm read, target <= {target})")]
+    lines = [(f"{'context':>8} {'server':>7} {'cands':>6} {'variant':>8} {'score':>7} {'top-k':>7} {'no sel':>7} "
+              f"{'select':>7} {'lm read':>7} {'ratio':>6}  (us; top-k = select + write, 'no sel' that with k = 0; "
+              f"ratio = select / lm read, target <= {target})")]
     for c in cases:
         for v, r in c["variants"].items():
             if "error" in r:
@@ -188,7 +201,8 @@ def summary(cases: list, target: float) -> str:
                 continue
             flag = "" if r["selection_over_landmark_read"] <= target else "  over target"
             lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {c['candidates']:>6} {v:>8} "
-                         f"{r['score_us']:>7} {r['select_and_write_us']:>7} {r['selection_us']:>7} "
+                         f"{r['score_us']:>7} {r['select_and_write_us']:>7} {r['select_without_topk_us']:>7} "
+                         f"{r['selection_us']:>7} "
                          f"{c['landmark_read_us_at_copy_bw']:>7} {r['selection_over_landmark_read']:>6}{flag}")
     return "\n".join(lines)
 
