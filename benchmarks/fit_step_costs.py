@@ -50,7 +50,8 @@ FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"), "h200": ("gpu_call14", "gpu_c
 # 36 layers, decode at a 16896-token server). H200: same GPU, the code after issue 24 (the `even` selection
 # variant, now the default; per-request dense layers): decode 32K x 16 and x 32 with the 0.86 preset and with
 # no dense layer (benchmarks/results/speed/README.md).
-HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("speed/call10/preset", "speed/call10/ceiling")}
+LATER_CODE_DECODE = {"h100": (), "h200": ("speed/call10/preset", "speed/call10/ceiling")}
+HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": LATER_CODE_DECODE["h200"]}
 HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
                  "h200": ("same GPU, the code after issue 24: `even` selection, per-request dense layers",)}
 # Same GPU, earlier sparse kernels (not fitted): their rollouts are in the per-rollout table, to show what the
@@ -304,9 +305,9 @@ def context_term_check(preset: str, results: Path = RESULTS) -> list[str]:
 
 
 def later_code_refit(preset: str, results: Path = RESULTS) -> list[str]:
-    """What the preset would be if fitted to the later code's measurements (its held-out decode points and its
-    LATER_CODE rollouts): the term set, the costs, and each point's error in that fit and left out of it."""
-    calls = tuple(c for c in HELD_OUT[preset] + LATER_CODE[preset] if c.startswith("speed/"))
+    """What the preset would be if fitted to the later code's measurements (LATER_CODE_DECODE, held out of the
+    preset's fit, and the LATER_CODE rollouts): the term set, the costs, and each point's error in that fit and left out of it."""
+    calls = LATER_CODE_DECODE[preset] + LATER_CODE[preset]
     points = [p for _, p in preset_workloads(preset, results, calls=calls)]
     if not points:
         return []

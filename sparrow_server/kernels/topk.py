@@ -107,20 +107,16 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     k = tl.load(k_ptr + b)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
-    if PART == 0:
+    if PART == 1:
+        mine = (k == 0) | (hi - lo <= FINE_ROW + FINE_TAIL)
+    elif PART == 2:
+        mine = (k > 0) & (hi - lo > FINE_ROW + FINE_TAIL)
+    else:
+        mine = k >= 0  # every row
+    if mine:
         _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                     k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                    FINE_ROW, FINE_TAIL, True, True)
-    elif PART == 1:
-        if (k == 0) | (hi - lo <= FINE_ROW + FINE_TAIL):
-            _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
-                        r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
-                        BITS, FINE, FINE_ROW, FINE_TAIL, True, False)
-    else:
-        if (k > 0) & (hi - lo > FINE_ROW + FINE_TAIL):
-            _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
-                        r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
-                        BITS, FINE, FINE_ROW, FINE_TAIL, False, True)
+                    FINE_ROW, FINE_TAIL, PART != 2, PART != 1)
 
 
 @triton.jit

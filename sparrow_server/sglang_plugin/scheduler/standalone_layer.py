@@ -104,7 +104,7 @@ class SparseSelection:
         c, f = self.case, self.fields
         self.K.select_and_write(self.scores, c.req_to_token, c.rpi, f["n_pages"], f["count"], f["sink"], f["k"],
                                 f["cand_lo"], f["cand_hi"], self.row_indptr, self.h, c.page_size, self.indices,
-                                  variant=self.variant)
+                                variant=self.variant)
 
     def logical_pages(self, ordered: bool = False) -> list:
         """Selected logical pages per (request, KV head) row, read back from the index buffer
