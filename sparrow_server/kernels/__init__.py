@@ -9,10 +9,11 @@
 # 1024 + 512 lanes below 2048 candidates, ``fine_hist`` ``fine`` with ``hist``'s rounds, ``fine_hist64`` and
 # ``fine_hist40`` that with its top-k kernel capped at 64 or 40 registers (2 or 3 programs per SM instead of
 # 1); ``short_hist``, ``short_hist32`` and ``short8_hist40`` run the rows of up to 1536 candidates in a launch
-# of their own with fewer registers (sparse_decode.TopKVariant.short_warps). Here so that the plug-in's
+# of their own with fewer registers (sparse_decode.TopKVariant.short_warps), ``short8_hist40_wide`` only where
+# the rows outnumber what one launch runs at once (TopKVariant.short_from_rows). Here so that the plug-in's
 # settings can check a name without Triton.
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short_hist",
-                   "short_hist32", "short8_hist40")
+                   "short_hist32", "short8_hist40", "short8_hist40_wide")
 # ``fine_hist64`` (call 23, H200, benchmarks/results/speed/call23/): selection 74.0 vs ``even``'s 99.2 µs per
 # layer at 16K x 64 (rollout A's batch), no slower at batch 16 (22.0 vs 24.8 at 16K, 36.9 vs 37.6 at 32K) or at
 # a GQA group of 4; rollout A served 2.28x dense with it (``even``: 2.17x). Picked by pick_select_variant.py.

@@ -18,6 +18,9 @@ SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores a
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
 SELECT_FINE = (1024, 512)  # ``fine``: rows of up to 1024, then 1024 + 512 candidates, before the 2048 tier
 SELECT_WARPS = 16     # warps of a ``select_and_write`` program
+# ``fine_hist64`` runs 2 rows per SM, so on the 132 SMs of an H100 or H200 up to 264 rows in one wave; below that a
+# second launch for the short rows buys no SM and costs its launch (call 24's kernel bench at batch 16).
+WIDE_FROM_ROWS = 264
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ class TopKVariant:
     # ``short_warps`` warps that compiles only those tiers, under ``short_maxnreg``; the longer rows as above.
     short_warps: int | None = None
     short_maxnreg: int | None = None
+    # the two launches only from this many rows (request x KV head) on; fewer run as one launch of every row
+    short_from_rows: int = 0
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -51,7 +56,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "short_hist32": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=16,
                                              short_maxnreg=32),
                  "short8_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
-                                              short_maxnreg=40)}
+                                              short_maxnreg=40),
+                 "short8_hist40_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
+                                                   short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -74,7 +81,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # lengths, up to 24K tokens) run in a launch of their own that compiles only those tiers (offline sm_90 compile:
 # 40 registers without spill at 16 warps, so 3 rows per SM, not ``fine_hist64``'s 2; 32 registers and 8 bytes of
 # stack, 4 rows; 8 warps under 40 registers, 24 bytes, 6 rows), the longer rows in a second launch as
-# ``fine_hist64`` (each launch's programs for the other's rows return at once). All select ``select_pages``' pages.
+# ``fine_hist64`` (each launch's programs for the other's rows return at once); ``short8_hist40_wide``:
+# ``short8_hist40`` from WIDE_FROM_ROWS rows on, ``fine_hist64`` below. All select ``select_pages``' pages.
 
 
 def resolve_variant(variant: str | None) -> str:
@@ -299,15 +307,16 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
                                      h, H, PS)
 
 
-def select_launches(variant: str | None = None) -> list[tuple[dict, dict]]:
-    """``_select_kernel``'s launches for a selection variant, each (compile-time constants: its register
-    tiers and PART; launch options: warps and register cap): one, or two for a ``short_warps`` variant."""
+def select_launches(variant: str | None = None, rows: int | None = None) -> list[tuple[dict, dict]]:
+    """``_select_kernel``'s launches for a selection variant over ``rows`` rows (None: as many as it splits
+    at), each (compile-time constants: its register tiers and PART; launch options: warps and register cap):
+    one, or two for a ``short_warps`` variant at ``short_from_rows`` rows or more."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
     options = {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
-    if v.short_warps is None:
+    if v.short_warps is None or (rows is not None and rows < v.short_from_rows):
         return [({**consts, "PART": 0}, options)]
     short = {"num_warps": v.short_warps, **({"maxnreg": v.short_maxnreg} if v.short_maxnreg else {})}
     return [({**consts, "PART": 1}, short), ({**consts, "PART": 2}, options)]
@@ -324,7 +333,7 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     """
     rows, pcap = scores.shape
-    for consts, options in select_launches(variant):
+    for consts, options in select_launches(variant, rows):
         _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo,
                                 cand_hi, row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                                 **consts, **options)

@@ -24,7 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short_hist",
-            "short_hist32", "short8_hist40")
+            "short_hist32", "short8_hist40", "short8_hist40_wide")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -216,6 +216,18 @@ def test_split_rows_select_select_pages(K, variant, scores):
     sel.scores.copy_(want)
     sel.select_write()
     assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
+def test_wide_variant_splits_only_past_its_rows(K):
+    """``short8_hist40_wide`` is ``fine_hist64``'s one launch below WIDE_FROM_ROWS rows (batch 16: 128 rows,
+    where the short rows' launch only adds its own), ``short8_hist40``'s two from there on."""
+    from sparrow_server.kernels import topk
+
+    rows = topk.WIDE_FROM_ROWS
+    assert K.select_launches("short8_hist40_wide", rows - 1) == K.select_launches("fine_hist64", rows - 1)
+    assert K.select_launches("short8_hist40_wide", rows) == K.select_launches("short8_hist40", rows)
+    assert [c["PART"] for c, _ in K.select_launches("short8_hist40_wide", rows)] == [1, 2]
+    assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
 def test_variants_are_the_module_s():
