@@ -14,7 +14,8 @@
 # settings can check a name without Triton.
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short_hist",
                    "short_hist32", "short8_hist40", "short8_hist40_wide")
-# ``fine_hist64`` (call 23, H200, benchmarks/results/speed/call23/): selection 74.0 vs ``even``'s 99.2 µs per
-# layer at 16K x 64 (rollout A's batch), no slower at batch 16 (22.0 vs 24.8 at 16K, 36.9 vs 37.6 at 32K) or at
-# a GQA group of 4; rollout A served 2.28x dense with it (``even``: 2.17x). Picked by pick_select_variant.py.
-DEFAULT_SELECT_VARIANT = "fine_hist64"
+# ``short8_hist40_wide`` (call 24, H200, benchmarks/results/speed/call24/): selection 67.9 vs ``fine_hist64``'s 78.2 µs
+# per layer at 16K x 64 (rollout A's batch), 45.5 vs 50.4 at 16K x 40, 54.3 vs 59.4 at a GQA group of 4, the same
+# launch as ``fine_hist64`` at batch 16 (fine_hist64 over ``even``: call 23). Rollout A served 2.31x dense with it
+# (``fine_hist64``: 2.28x), rollout B at 33 requests 2.60x. Picked by pick_select_variant.py.
+DEFAULT_SELECT_VARIANT = "short8_hist40_wide"
