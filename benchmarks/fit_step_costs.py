@@ -61,18 +61,22 @@ HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
 EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ("speed/call21/rolloutA_4b",)}
 # Same GPU, the code after issue 24 (not fitted): rollouts A and B (speed/call20, dense and sparse on the two cards
 # of one host at once; speed/call21: rollout B at the 33 requests the pool holds; speed/call22, 23: rollout A of
-# Qwen3-8B, and of Qwen3-1.7B and -4B with ``fine_hist64``), in the per-rollout table. A fit to call 20 leaves
+# Qwen3-8B, and of Qwen3-1.7B and -4B with ``fine_hist64``; speed/call24: rollouts A and B with ``short8_hist40_wide``),
+# in the per-rollout table. A fit to call 20 leaves
 # rollout A's dense half more than 10% off in its first quarter of lengths with every term set
 # (docs/cost-model.md), so the preset stays issue 13's; the report shows a fit to these points alone.
 LATER_CODE = {"h100": (), "h200": ("speed/call20/rolloutA", "speed/call20/rolloutB", "speed/call21/rolloutB_33",
                                    "speed/call22/rolloutA_8b", "speed/call23/rolloutA",
-                                   "speed/call23/rolloutA_4b")}
+                                   "speed/call23/rolloutA_4b", "speed/call24/rolloutA",
+                                   "speed/call24/rolloutB_33")}
 NOT_FITTED_LABEL = {**{c: "earlier kernel" for v in EARLIER_KERNELS.values() for c in v},
                     **{c: "issue-24 code" for v in LATER_CODE.values() for c in v},
                     "speed/call21/rolloutA_4b": "issue-24 code, CUDA-core sparse decode at GQA group 4",
                     "speed/call22/rolloutA_8b": "issue-24 code, tensor-core sparse decode at GQA group 4",
                     "speed/call23/rolloutA": "issue-24 code, fine_hist64 selection",
-                    "speed/call23/rolloutA_4b": "issue-24 code, fine_hist64 selection, tensor-core sparse decode"}
+                    "speed/call23/rolloutA_4b": "issue-24 code, fine_hist64 selection, tensor-core sparse decode",
+                    "speed/call24/rolloutA": "issue-24 code, short8_hist40_wide selection",
+                    "speed/call24/rolloutB_33": "issue-24 code, short8_hist40_wide selection"}
 DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).
