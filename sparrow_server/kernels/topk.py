@@ -52,9 +52,6 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fine_hist": TopKVariant(tails=True, fine=True, bits=8),
                  "fine_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64),
                  "fine_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=40),
-                 "short_hist": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=16),
-                 "short_hist32": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=16,
-                                             short_maxnreg=32),
                  "short8_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
                                               short_maxnreg=40),
                  "short8_hist40_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
@@ -76,13 +73,13 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # a row's 16 rounds set its cost whatever its lanes. ``fine_hist``: ``fine``'s tiers with ``hist``'s 4
 # histogram rounds (one shared-memory atomic per live key and round instead of 4 compares per key and
 # round over 16 rounds: fewer instructions where the SMs are full); ``fine_hist64`` / ``fine_hist40``: that
-# kernel under a register cap (``TopKVariant.maxnreg``), so 2 or 3 rows share an SM. ``short_hist``,
-# ``short_hist32``, ``short8_hist40``: ``fine_hist64`` whose rows of up to 1024 + 512 candidates (rollout A's
-# lengths, up to 24K tokens) run in a launch of their own that compiles only those tiers (offline sm_90 compile:
-# 40 registers without spill at 16 warps, so 3 rows per SM, not ``fine_hist64``'s 2; 32 registers and 8 bytes of
-# stack, 4 rows; 8 warps under 40 registers, 24 bytes, 6 rows), the longer rows in a second launch as
-# ``fine_hist64`` (each launch's programs for the other's rows return at once); ``short8_hist40_wide``:
-# ``short8_hist40`` from WIDE_FROM_ROWS rows on, ``fine_hist64`` below. All select ``select_pages``' pages.
+# kernel under a register cap (``TopKVariant.maxnreg``), so 2 or 3 rows share an SM. ``short8_hist40``:
+# ``fine_hist64`` whose rows of up to 1024 + 512 candidates (rollout A's lengths, up to 24K tokens) run in a launch of
+# their own that compiles only those tiers, 8 warps under 40 registers (24 bytes of stack: 6 rows per SM, offline
+# sm_90 compile), the longer rows in a second launch as ``fine_hist64`` (each launch's programs for the other's rows
+# return at once); ``short8_hist40_wide``: that from WIDE_FROM_ROWS rows on, ``fine_hist64`` below. The same short
+# launch at 16 warps (40 registers, or 32 and 8 bytes of stack) was slower than ``fine_hist64`` in every case of
+# call 24's bench (``short_hist``, ``short_hist32`` there), so it is not offered. All select ``select_pages``' pages.
 
 
 def resolve_variant(variant: str | None) -> str:

@@ -23,8 +23,8 @@ PS = 16
 SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
-VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short_hist",
-            "short_hist32", "short8_hist40", "short8_hist40_wide")
+VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
+            "short8_hist40_wide")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
