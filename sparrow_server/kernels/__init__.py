@@ -9,7 +9,7 @@
 # 1024 + 512 lanes below 2048 candidates, ``fine_hist`` ``fine`` with ``hist``'s rounds, ``fine_hist64`` and
 # ``fine_hist40`` that with its top-k kernel capped at 64 or 40 registers (2 or 3 programs per SM instead of
 # 1); ``short8_hist40`` runs the rows of up to 1536 candidates in a launch
-# of their own with fewer registers (sparse_decode.TopKVariant.short_warps), ``short8_hist40_wide`` only where
+# of their own with fewer registers (topk.TopKVariant.short_warps), ``short8_hist40_wide`` only where
 # the rows outnumber what one launch runs at once (TopKVariant.short_from_rows). Here so that the plug-in's
 # settings can check a name without Triton.
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",

@@ -26,8 +26,7 @@ from torch import Tensor
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
-    SELECT_CHUNK, SELECT_FINE, SELECT_ROWS, SELECT_TAILS, SELECT_WARPS, TOPK_VARIANTS, TopKVariant,
-    resolve_variant, select_and_write, select_launches,
+    SELECT_ROWS, resolve_variant, select_and_write, select_launches,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
