@@ -1,7 +1,8 @@
 """Registers, stack and shared memory of the selection kernels of each variant, compiled offline
 for a GPU target (no GPU needed: Triton's bundled ptxas and cuobjdump). Occupancy follows from
 them: a score program has 8 warps, a select program 16 (65536 registers per SM: at 128 registers one select
-program fills an SM; ``fine_hist64`` / ``fine_hist40`` cap them for 2 or 3).
+program fills an SM; ``fine_hist64`` / ``fine_hist40`` cap them for 2 or 3); a fused variant's row program
+(scoring and top-k in one launch) has the select program's warps and cap.
 Usage: python benchmarks/selection_kernel_resources.py [--arch 90] [--pcap 2560]
 """
 from __future__ import annotations
@@ -20,6 +21,9 @@ from sparrow_server.kernels import topk
 
 SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
                    lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
+ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
+                 r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
+                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", r2t_stride="i32")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     r2t_stride="i32")
@@ -28,7 +32,10 @@ SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i6
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
     """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
     sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts), target=GPUTarget("cuda", arch, 32),
+    # As Triton's launcher specializes a server's arguments: 16-byte aligned tensors, sizes that are multiples of
+    # 16 (Pcap, req_to_token's row stride). Without it every load compiles scalar (2-byte landmark loads).
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name not in consts}
+    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=aligned), target=GPUTarget("cuda", arch, 32),
                             options=options)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -56,6 +63,11 @@ def main() -> None:
             line = resources(topk._select_kernel, SELECT_TYPES, dict(H=8, PS=16, **consts), options, a.arch)
             part = f" part {consts['PART']} ({options['num_warps']} warps)" if len(launches) > 1 else ""
             print(f"select {v:5}{part}: {line}", flush=True)
+        if topk.TOPK_VARIANTS[v].fused:  # the one launch of scoring and top-k (score_and_select)
+            consts, options = topk.tier_launch(v)
+            consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts)
+            line = resources(K._row_kernel, ROW_TYPES, consts, options, a.arch)
+            print(f"fused  {v:5} ({options['num_warps']} warps): {line}", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ exact top-k + index writing, FlashInfer decode over per-head page lists on SGLan
 against dense FlashInfer decode and a device-to-device copy (the achievable bandwidth), at each
 workload context and server context length (Pcap), for each selection variant of
 ``sparse_decode`` (``SELECT_VARIANTS``; the index buffers of all variants are compared: they must
-be equal), and reports bytes and bandwidth. Selection (score + top-k + index write) is set against
+be equal), and reports bytes and bandwidth. Selection (score + top-k + index write, as the backend calls it:
+``score_and_select``, one launch for a fused variant) is set against
 its roofline: one read of the layer's landmarks for the batch at the copy bandwidth of this run
 (issue 24's target: at most 1.3x at 32K + 256 tokens, batch 16).
 Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
@@ -100,9 +101,11 @@ def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Te
     layer.indices.zero_()
     layer(scale, loc)
     indices = layer.indices.clone()
+    # selection_us: the backend's one call (score_and_select: both launches, or a fused variant's one); score_us
+    # and select_and_write_us each half alone (a fused variant's scoring without its top-k, and its top-k alone)
     res = {"score_us": graph_us(lambda: layer.score(loc)), "select_and_write_us": graph_us(layer.select_write),
-           "select_without_topk_us": without_topk_us(layer), "sparse_layer_total_us": graph_us(lambda: layer(scale, loc))}
-    res["selection_us"] = res["score_us"] + res["select_and_write_us"]
+           "selection_us": graph_us(lambda: layer.select(loc)), "select_without_topk_us": without_topk_us(layer),
+           "sparse_layer_total_us": graph_us(lambda: layer(scale, loc))}
     return {k: round(v, 1) for k, v in res.items()}, indices
 
 

@@ -26,16 +26,21 @@ from torch import Tensor
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
-    SELECT_ROWS, resolve_variant, select_and_write, select_launches,
+    SELECT_ROWS, TOPK_VARIANTS, resolve_variant, select_and_write, select_launches, select_row, tier_launch,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
 SCORE_PROGRAMS_MAX = 128  # split grid (all but v1): most programs per request (one tile each up to 4096 candidates)
 SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
-# Split grid: register cap of the score kernel. Unbounded it takes 94 registers (sm_90, offline
-# compile), so 2 programs of 8 warps fit an SM; v1's takes 80 (3 programs): the cap keeps v1's
-# occupancy (16-byte stack, as v1's) so the two grids compare like for like.
+# Split grid: register cap of the score kernel, set when an offline compile without the launcher's alignment
+# specialization (every load scalar) put it at 94 registers against v1's 80. Compiled as it runs (16-byte aligned
+# arguments) it takes 48 and v1's 32 (benchmarks/results/speed/selection_kernel_resources.log): the cap binds
+# neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
+# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop. 128 pages of one KV head
+# are 32 KB of bf16 landmarks in flight per program (the next tile's page ids load while this tile's landmarks
+# are awaited): one program per SM must stream its row at about its share of HBM bandwidth.
+ROW_BLOCK_P = 128
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -87,9 +92,14 @@ def _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start
             qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
         sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
-        sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)                                # NaN: lowest candidate
-        sc = tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
-        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
+        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, _clamped(sc), mask=cand)
+
+
+@triton.jit
+def _clamped(sc):
+    """Scores as ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
+    sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)
+    return tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
 
 
 @triton.jit
@@ -141,6 +151,106 @@ def _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pca
                         tl.minimum(start + size, e), H, G, D, PS, BLOCK_P)
 
 
+@triton.jit
+def _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
+    """Head ``h``'s part of ``_page_mean``: the same sums in the same order, so the same landmark."""
+    page = loc // PS
+    d = tl.arange(0, D)
+    acc = tl.zeros([D], dtype=tl.float32)
+    base = kbuf_ptr + page * PS * H * D + h * D
+    for t in tl.static_range(PS):
+        acc += tl.load(base + t * H * D + d).to(tl.float32)
+    tl.store(lm_ptr + page * H * D + h * D + d, (acc / PS).to(lm_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _tile_pages(row_r2t, j, hi, PS: tl.constexpr):
+    """Physical pages of candidate pages ``j`` (0 past ``hi``) of one request (int32: registers across the loop)."""
+    return tl.load(row_r2t + j.to(tl.int64) * PS, mask=j < hi, other=0) // PS
+
+
+@triton.jit
+def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               PS: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s."""
+    d = tl.arange(0, D)
+    qs = tl.zeros([D], dtype=tl.float32)
+    for g in tl.static_range(G):
+        qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+    offs = tl.arange(0, BLOCK_P)
+    page = _tile_pages(row_r2t, lo + offs, hi, PS)
+    for start in range(lo, hi, BLOCK_P):
+        j = start + offs
+        nxt = _tile_pages(row_r2t, j + BLOCK_P, hi, PS)  # issued before this tile's landmarks are awaited
+        lm = tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :], mask=(j < hi)[:, None],
+                     other=0.0)
+        sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
+        tl.store(out + j, _clamped(sc), mask=j < hi)
+        page = nxt
+
+
+@triton.jit
+def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
+                D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, UPDATE: tl.constexpr,
+                SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr,
+                CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr,
+                TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr,
+                FINE_TAIL: tl.constexpr):
+    """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
+    scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
+    thread's score stores visible to the block."""
+    r = tl.program_id(0)
+    b = r // H
+    h = r % H
+    if UPDATE:
+        loc = tl.load(loc_ptr + b).to(tl.int64)
+        if loc % PS == PS - 1:  # the partial page is always a recent page, never scored
+            _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P)
+    if SELECT:
+        tl.debug_barrier()
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+                   tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                   BITS, FINE, FINE_ROW, FINE_TAIL, True, True)
+
+
+def _row_launch(q, landmarks, req_to_token, rpi, fields, page_size, scores, k_buf, cache_loc, variant,
+                row_indptr=None, out=None) -> None:
+    """``_row_kernel`` over every row: scores alone, or with ``out`` (and ``row_indptr``) the selection too."""
+    b, hq, d = q.shape
+    h = landmarks.shape[1]
+    consts, options = tier_launch(variant)
+    update, select = k_buf is not None, out is not None
+    _row_kernel[(b * h,)](
+        q, landmarks, k_buf if update else landmarks, cache_loc if update else fields["cand_lo"], scores,
+        scores.shape[1], req_to_token, rpi, fields["n_pages"], fields["count"], fields["sink"], fields["k"],
+        fields["cand_lo"], fields["cand_hi"], row_indptr if select else fields["k"], out if select else scores,
+        req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, UPDATE=update,
+        SELECT=select, **consts, **options)
+
+
+def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
+                     row_indptr: Tensor, page_size: int, scores: Tensor, out: Tensor, k_buf: Tensor | None = None,
+                     cache_loc: Tensor | None = None, variant: str | None = None) -> None:
+    """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
+    ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
+    Same scores, pages and landmark update either way."""
+    variant = resolve_variant(variant)
+    if TOPK_VARIANTS[variant].fuses(scores.shape[0]):
+        _row_launch(q, landmarks, req_to_token, req_pool_indices, fields, page_size, scores, k_buf, cache_loc,
+                    variant, row_indptr, out)
+        return
+    f = fields
+    page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
+                cache_loc, variant)
+    select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
+                     f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
+
+
 def score_programs(pcap: int, variant: str | None = None) -> int:
     """Programs per request of ``page_scores``: static (a server's Pcap), so CUDA-graph safe. The
     split grid (every variant but v1) is sized to the longest row the server can hold, so every row
@@ -162,6 +272,10 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     h = landmarks.shape[1]
     update = k_buf is not None
     variant = resolve_variant(variant)
+    if TOPK_VARIANTS[variant].fuses(b * h):  # the fused launch's own scoring, without its selection
+        fields = {"cand_lo": cand_lo, "cand_hi": cand_hi, **{f: cand_lo for f in ("n_pages", "count", "sink", "k")}}
+        _row_launch(q, landmarks, req_to_token, req_pool_indices, fields, page_size, out, k_buf, cache_loc, variant)
+        return out
     nprog = score_programs(out.shape[1], variant)
     _score_kernel[(b, nprog)](
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,

@@ -42,9 +42,20 @@ class TopKVariant:
     short_maxnreg: int | None = None
     # the two launches only from this many rows (request x KV head) on; fewer run as one launch of every row
     short_from_rows: int = 0
+    # One launch scores and selects (``sparse_decode.score_and_select``): a program per row streams its own
+    # landmarks, then runs this top-k on the scores it just wrote (still in L1/L2), so while one row's top-k runs
+    # (latency-bound, one SM's registers) the other rows on that SM stream landmarks. From ``fused_from_rows``
+    # rows on; fewer run the split scoring grid and then this top-k (one row per SM leaves nothing to overlap).
+    fused: bool = False
+    fused_from_rows: int = 0
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
+        assert not (self.fused and self.short_warps), "the fused launch holds every tier in one kernel"
+
+    def fuses(self, rows: int) -> bool:
+        """Whether ``rows`` rows score and select in one launch."""
+        return self.fused and rows >= self.fused_from_rows
 
 
 TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVariant(tails=True),
@@ -55,7 +66,10 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "short8_hist40": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
                                               short_maxnreg=40),
                  "short8_hist40_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
-                                                   short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS)}
+                                                   short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS),
+                 "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
+                 "fused_hist64_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
+                                                  fused_from_rows=WIDE_FROM_ROWS)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -79,7 +93,12 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # sm_90 compile), the longer rows in a second launch as ``fine_hist64`` (each launch's programs for the other's rows
 # return at once); ``short8_hist40_wide``: that from WIDE_FROM_ROWS rows on, ``fine_hist64`` below. The same short
 # launch at 16 warps (40 registers, or 32 and 8 bytes of stack) was slower than ``fine_hist64`` in every case of
-# call 24's bench (``short_hist``, ``short_hist32`` there), so it is not offered. All select ``select_pages``' pages.
+# call 24's bench (``short_hist``, ``short_hist32`` there), so it is not offered. ``fused_hist64``: one launch of
+# scoring and top-k (``sparse_decode.score_and_select``), a program per row that streams its row's landmarks
+# (at rollout A's batch the split grid's score kernel reads at about copy bandwidth and the top-k then runs
+# alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
+# streaming on the same SM); ``fused_hist64_wide``: that from WIDE_FROM_ROWS rows on, ``fine_hist64`` below.
+# All select ``select_pages``' pages.
 
 
 def resolve_variant(variant: str | None) -> str:
@@ -119,13 +138,13 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     else:
         mine = k >= 0  # every row
     if mine:
-        _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                     k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
                     FINE_ROW, FINE_TAIL, PART != 2, PART != 1)
 
 
 @triton.jit
-def _select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                 k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                 LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                 TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
@@ -304,15 +323,22 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
                                      h, H, PS)
 
 
+def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
+    """A variant's top-k in one launch of every row: ``select_row``'s compile-time constants (its register
+    tiers) and the launch options (warps, register cap)."""
+    v = TOPK_VARIANTS[resolve_variant(variant)]
+    consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
+                  TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
+                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+    return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
+
+
 def select_launches(variant: str | None = None, rows: int | None = None) -> list[tuple[dict, dict]]:
     """``_select_kernel``'s launches for a selection variant over ``rows`` rows (None: as many as it splits
     at), each (compile-time constants: its register tiers and PART; launch options: warps and register cap):
     one, or two for a ``short_warps`` variant at ``short_from_rows`` rows or more."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
-    consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                  TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
-                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
-    options = {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
+    consts, options = tier_launch(variant)
     if v.short_warps is None or (rows is not None and rows < v.short_from_rows):
         return [({**consts, "PART": 0}, options)]
     short = {"num_warps": v.short_warps, **({"maxnreg": v.short_maxnreg} if v.short_maxnreg else {})}

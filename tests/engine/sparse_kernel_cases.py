@@ -24,7 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-            "short8_hist40_wide")
+            "short8_hist40_wide", "fused_hist64", "fused_hist64_wide")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -228,6 +228,40 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert K.select_launches("short8_hist40_wide", rows) == K.select_launches("short8_hist40", rows)
     assert [c["PART"] for c, _ in K.select_launches("short8_hist40_wide", rows)] == [1, 2]
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
+
+
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64"])
+def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
+    """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
+    scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
+    ``select_and_write`` write, on rows in every top-k tier and a dense row, and nothing else; the pages are
+    ``select_pages``' on those scores."""
+    case, schedules = _split_case(SPLIT_CANDIDATES, SPLIT_BUDGETS)
+    one = _dyadic(_selection(K, case, schedules, torch.float32, variant=variant))
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], variant)
+    n = torch.from_numpy(one.plan.n_pages.astype("int64"))
+    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()  # completes each request's first recent page
+    for sel in (one, two):
+        sel.lm[loc // PS] = 7.0
+        sel.scores.fill_(OUTSIDE)
+    assert K.TOPK_VARIANTS[variant].fuses(one.scores.shape[0]) == (variant == "fused_hist64")
+    one.select(loc)
+    two.score(loc)
+    two.select_write()
+    assert torch.equal(one.lm, two.lm) and not (one.lm[loc // PS] == 7.0).any()
+    assert torch.equal(one.scores, two.scores) and (one.scores == OUTSIDE).any()
+    assert torch.equal(one.indices, two.indices)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+
+
+def test_fused_variants_fuse_from_their_rows(K):
+    """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_wide`` only from
+    WIDE_FROM_ROWS rows (below, one row per SM leaves no other row's streaming to hide a top-k under); the
+    split variants never."""
+    rows = K.TOPK_VARIANTS["fused_hist64_wide"].fused_from_rows
+    assert rows == 264 and K.TOPK_VARIANTS["fused_hist64"].fuses(1)
+    assert not K.TOPK_VARIANTS["fused_hist64_wide"].fuses(rows - 1) and K.TOPK_VARIANTS["fused_hist64_wide"].fuses(rows)
+    assert not any(K.TOPK_VARIANTS[v].fuses(10**6) for v in VARIANTS if not v.startswith("fused"))
 
 
 def test_variants_are_the_module_s():

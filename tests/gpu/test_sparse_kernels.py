@@ -154,6 +154,40 @@ def test_decode_scoring_updates_the_completed_page_landmark(variant):
     assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
 
 
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.startswith("fused")])
+def test_one_launch_scores_selects_and_updates_as_two_do(variant):
+    """40 requests x 8 KV heads (320 rows: past WIDE_FROM_ROWS, so both fused variants fuse), rows in the top-k
+    tiers from 1,024 to past 2,048 candidates and a dense row: ``score_and_select``'s one launch writes the
+    scores (the reference's, to fp32 rounding), the landmarks of the pages the step completes and the pages that
+    ``page_scores`` then ``select_and_write`` write, and its pages are ``select_pages``' on its scores."""
+    from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
+
+    g = torch.Generator().manual_seed(40)
+    lengths = [33000, 16500, 24500, 700] + torch.randint(1000, 12000, (36,), generator=g).tolist()
+    case = make_case(lengths, seed=40)
+    schedules = [fixed_budget_schedule(b) for b in torch.randint(16, 300, (39,), generator=g).tolist()]
+    plan = plan_for(case, schedules[:3] + [dense_schedule()] + schedules[3:], topk_cap_pages=300)
+    lm = _landmarks(case, torch.bfloat16)
+    one, two = (_layer(case, plan, lm.clone(), pcap=40960 // PS, variant=variant) for _ in range(2))
+    assert K.TOPK_VARIANTS[variant].fuses(one.scores.shape[0])
+    n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
+    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()  # completes each request's first recent page
+    for layer in (one, two):
+        layer.lm[loc // PS] = 7.0
+    one.select(loc)
+    two.score(loc)
+    two.select_write()
+    assert torch.equal(one.lm, two.lm) and not (one.lm[loc // PS] == 7.0).any()
+    assert torch.equal(one.scores, two.scores) and torch.equal(one.indices, two.indices)
+    f = {k: v.cpu() for k, v in one.fields.items()}
+    want = R.page_scores(case.q.cpu(), one.lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
+                         f["cand_hi"], PS, one.scores.shape[1])
+    inside = torch.isfinite(want)
+    torch.testing.assert_close(one.scores.cpu()[inside], want[inside], rtol=1e-4, atol=1e-3)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+
+
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""

@@ -10,11 +10,12 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
   there (dense by budget): ``layer_groups`` groups the sparse layers by the requests planned dense
   on them (one group unless a request asks), and ``layer_plans`` gives each layer its group's
   fields and FlashInfer plan, in buffers of its own under CUDA graphs;
-- per sparse layer, inside the CUDA graph, two Triton launches (``kernels.sparse_decode``) whose
+- per sparse layer, inside the CUDA graph, ``kernels.sparse_decode.score_and_select``: Triton launches whose
   work follows each request's page count (not ``--context-length``): ``page_scores`` (landmark
   scoring, the landmark of the page this step completes folded in), then ``select_and_write``
   (exact radix-select top-k, the row's scores held in registers when they fit, else streamed,
-  fused with writing the FlashInfer page ids into the wrapper's index buffer); then FlashInfer
+  fused with writing the FlashInfer page ids into the wrapper's index buffer), or for a fused
+  selection variant one launch of both, a program per (request, KV head) row; then FlashInfer
   decode over the selected pages.
 Deterministic inference (``--enable-deterministic-inference``): SGLang's parent class plans prefill and
 the dense layers batch-invariantly; ``determinism.backend_splits`` gives the sparse plans the same
@@ -250,11 +251,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         rpi = forward_batch.req_pool_indices
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
-        K.page_scores(q3, lm, self.req_to_token, rpi, f["cand_lo"], f["cand_hi"], self.page_size, step.scores,
-                      k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
-        K.select_and_write(step.scores, self.req_to_token, rpi, f["n_pages"], f["count"], f["sink"], f["k"],
-                           f["cand_lo"], f["cand_hi"], decode.row_indptr, self.num_kv_heads, self.page_size,
-                           step.indices, variant=self.select_variant)
+        K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
+                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,

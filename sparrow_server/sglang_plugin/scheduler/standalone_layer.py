@@ -106,6 +106,13 @@ class SparseSelection:
                                 f["cand_lo"], f["cand_hi"], self.row_indptr, self.h, c.page_size, self.indices,
                                 variant=self.variant)
 
+    def select(self, cache_loc=None):
+        """Score and select as the backend does (``score_and_select``: one launch for a fused variant)."""
+        c = self.case
+        self.K.score_and_select(c.q, self.lm, c.req_to_token, c.rpi, self.fields, self.row_indptr, c.page_size,
+                                self.scores, self.indices, k_buf=None if cache_loc is None else c.k_buf,
+                                cache_loc=cache_loc, variant=self.variant)
+
     def logical_pages(self, ordered: bool = False) -> list:
         """Selected logical pages per (request, KV head) row, read back from the index buffer
         (sets; ``ordered``: lists in index-buffer order)."""
@@ -160,6 +167,5 @@ class SparseLayer(SparseSelection):
 
     def __call__(self, scale: float, cache_loc=None) -> torch.Tensor:
         """Score, select and attend at ``scale`` (FlashInfer's ``forward``: a new output tensor)."""
-        self.score(cache_loc)
-        self.select_write()
+        self.select(cache_loc)
         return self.wrapper.forward(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, sm_scale=scale)
