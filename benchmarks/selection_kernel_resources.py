@@ -29,14 +29,20 @@ SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i6
                     r2t_stride="i32")
 
 
-def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
-    """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
+def compile_kernel(fn, types: dict, consts: dict, options: dict, arch: int):
+    """``fn`` compiled for sm_``arch`` as Triton's launcher specializes a server's arguments: 16-byte aligned
+    tensors, sizes that are multiples of 16 (Pcap, req_to_token's row stride). Without it every load compiles
+    scalar (2-byte landmark loads)."""
     sig = {name: "constexpr" if name in consts else types[name] for name in fn.arg_names}
-    # As Triton's launcher specializes a server's arguments: 16-byte aligned tensors, sizes that are multiples of
-    # 16 (Pcap, req_to_token's row stride). Without it every load compiles scalar (2-byte landmark loads).
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name not in consts}
-    kernel = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=aligned), target=GPUTarget("cuda", arch, 32),
-                            options=options)
+    return triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=aligned), target=GPUTarget("cuda", arch, 32),
+                          options=options)
+
+
+def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
+    """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``; a kernel's dynamic
+    shared memory (what Triton's pipelines and reductions take) is ``compile_kernel(...).metadata.shared``."""
+    kernel = compile_kernel(fn, types, consts, options, arch)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -67,7 +73,8 @@ def main() -> None:
             consts, options = topk.tier_launch(v)
             consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts)
             line = resources(K._row_kernel, ROW_TYPES, consts, options, a.arch)
-            print(f"fused  {v:5} ({options['num_warps']} warps): {line}", flush=True)
+            shared = compile_kernel(K._row_kernel, ROW_TYPES, consts, options, a.arch).metadata.shared
+            print(f"fused  {v:5} ({options['num_warps']} warps): {line} dynamic shared {shared}", flush=True)
 
 
 if __name__ == "__main__":

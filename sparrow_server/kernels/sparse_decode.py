@@ -37,10 +37,14 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 # arguments) it takes 48 and v1's 32 (benchmarks/results/speed/selection_kernel_resources.log): the cap binds
 # neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
-# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop. 128 pages of one KV head
-# are 32 KB of bf16 landmarks in flight per program (the next tile's page ids load while this tile's landmarks
-# are awaited): one program per SM must stream its row at about its share of HBM bandwidth.
+# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV head:
+# 32 KB of bf16 landmarks, 16-byte loads; 47 registers, no spill): one program per SM must stream its row at about
+# its share of HBM bandwidth.
 ROW_BLOCK_P = 128
+# Stages of the row loop's pipeline (Triton's cp.async into shared memory: 2 tiles, 64 KB, in flight while a third
+# is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waits a
+# whole memory latency per tile: call 25's first bench, 21 GB/s a program, 2.6 TB/s at one row per SM.
+ROW_STAGES = tl.constexpr(3)
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -87,17 +91,26 @@ def _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start
     slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
     page = slot // PS
     for h in tl.static_range(H):
-        qs = tl.zeros([D], dtype=tl.float32)
-        for g in tl.static_range(G):
-            qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+        qs = _group_query_sum(q_ptr, b, h, H, G, D)
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
-        sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
-        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, _clamped(sc), mask=cand)
+        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, _landmark_scores(lm, qs, G), mask=cand)
 
 
 @triton.jit
-def _clamped(sc):
-    """Scores as ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
+def _group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """[D] fp32 sum of the query heads of KV head ``h``'s group (heads ``h * G`` to ``h * G + G - 1``)."""
+    d = tl.arange(0, D)
+    qs = tl.zeros([D], dtype=tl.float32)
+    for g in tl.static_range(G):
+        qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+    return qs
+
+
+@triton.jit
+def _landmark_scores(lm, qs, G: tl.constexpr):
+    """Scores of a [pages, D] landmark tile against the group's mean query, as ``select_pages`` ranks them:
+    NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
+    sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
     sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)
     return tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
 
@@ -170,23 +183,25 @@ def _tile_pages(row_r2t, j, hi, PS: tl.constexpr):
 
 
 @triton.jit
+def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
+    """[pages, D] landmarks of head ``h`` of physical ``page``s (zero past ``hi``)."""
+    d = tl.arange(0, D)
+    return tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :], mask=(j < hi)[:, None],
+                   other=0.0)
+
+
+@triton.jit
 def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                PS: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s."""
-    d = tl.arange(0, D)
-    qs = tl.zeros([D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
+    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s. The
+    loop is software-pipelined (ROW_STAGES): the page ids and landmarks of the next tiles copy asynchronously
+    into shared memory while this tile is reduced."""
+    qs = _group_query_sum(q_ptr, b, h, H, G, D)
     offs = tl.arange(0, BLOCK_P)
-    page = _tile_pages(row_r2t, lo + offs, hi, PS)
-    for start in range(lo, hi, BLOCK_P):
+    for start in tl.range(lo, hi, BLOCK_P, num_stages=ROW_STAGES):
         j = start + offs
-        nxt = _tile_pages(row_r2t, j + BLOCK_P, hi, PS)  # issued before this tile's landmarks are awaited
-        lm = tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :], mask=(j < hi)[:, None],
-                     other=0.0)
-        sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
-        tl.store(out + j, _clamped(sc), mask=j < hi)
-        page = nxt
+        lm = _landmark_tile(lm_ptr, _tile_pages(row_r2t, j, hi, PS), j, hi, h, H, D)
+        tl.store(out + j, _landmark_scores(lm, qs, G), mask=j < hi)
 
 
 @triton.jit

@@ -1,0 +1,37 @@
+"""The fused selection kernel compiled for an H100/H200 (sm_90) on CPU, as Triton's launcher specializes a
+server's arguments: the interpreter (``sparse_kernel_cases.py``) runs Python, not the compiler, so only this
+sees what the GPU build does (a non-constexpr global, say, compiles nowhere but interprets fine), and what the
+variant's design rests on: two row programs share an SM, by registers and by shared memory."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SM_REGISTERS, SM_SHARED_BYTES = 65536, 228 * 1024  # an H100 / H200 SM (sm_90)
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+def _compile_row_kernel(variant: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_kernel_resources as res
+
+    from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.kernels import topk
+
+    consts, options = topk.tier_launch(variant)
+    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts)
+    return res.compile_kernel(K._row_kernel, res.ROW_TYPES, consts, options, 90), options
+
+
+@pytest.mark.timeout(300)
+def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm():
+    kernel, options = _compile_row_kernel("fused_hist64")
+    threads = options["num_warps"] * 32
+    assert options["maxnreg"] * threads * 2 <= SM_REGISTERS
+    assert 2 * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
+    assert kernel.metadata.shared >= 2 * 128 * 128 * 2  # the row loop's pipeline: two landmark tiles in flight
