@@ -12,12 +12,12 @@
 # of their own with fewer registers (topk.TopKVariant.short_warps), ``short8_hist40_wide`` only where
 # the rows outnumber what one launch runs at once (TopKVariant.short_from_rows); ``fused_hist64`` scores and
 # selects in one launch, a program per row (``fine_hist64``'s top-k after the row's own scoring), and
-# ``fused_hist64_wide`` does so only from as many rows (TopKVariant.fused_from_rows). Here so that the plug-in's
-# settings can check a name without Triton.
+# ``fused_hist64_narrow`` does so up to as many rows (TopKVariant.fused_max_rows), ``short8_hist40_wide`` past
+# them. Here so that the plug-in's settings can check a name without Triton.
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-                   "short8_hist40_wide", "fused_hist64", "fused_hist64_wide")
-# ``short8_hist40_wide`` (call 24, H200, benchmarks/results/speed/call24/): selection 67.9 vs ``fine_hist64``'s 78.2 µs
-# per layer at 16K x 64 (rollout A's batch), 45.5 vs 50.4 at 16K x 40, 54.3 vs 59.4 at a GQA group of 4, the same
-# launch as ``fine_hist64`` at batch 16 (fine_hist64 over ``even``: call 23). Rollout A served 2.31x dense with it
-# (``fine_hist64``: 2.28x), rollout B at 33 requests 2.60x. Picked by pick_select_variant.py.
-DEFAULT_SELECT_VARIANT = "short8_hist40_wide"
+                   "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow")
+# ``fused_hist64_narrow`` (call 25, H200, benchmarks/results/speed/call25/): at batch 16 (128 rows) selection 36.3 vs
+# ``short8_hist40_wide``'s 38.6 us per layer at 32K, 41.7 vs 45.1 at 33K, 44.1 vs 48.9 at 40K (16K: 21.9 vs 23.8); past
+# 264 rows ``short8_hist40_wide``'s own launches (call 24: 67.9 vs ``fine_hist64``'s 78.2 us at 16K x 64, rollout A
+# 2.31x, rollout B at 33 requests 2.60x).
+DEFAULT_SELECT_VARIANT = "fused_hist64_narrow"

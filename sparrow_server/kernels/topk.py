@@ -43,19 +43,20 @@ class TopKVariant:
     # the two launches only from this many rows (request x KV head) on; fewer run as one launch of every row
     short_from_rows: int = 0
     # One launch scores and selects (``sparse_decode.score_and_select``): a program per row streams its own
-    # landmarks, then runs this top-k on the scores it just wrote (still in L1/L2), so while one row's top-k runs
-    # (latency-bound, one SM's registers) the other rows on that SM stream landmarks. From ``fused_from_rows``
-    # rows on; fewer run the split scoring grid and then this top-k (one row per SM leaves nothing to overlap).
+    # landmarks (a pipelined loop), then runs this top-k on the scores it just wrote (still in L1/L2), with every
+    # tier in one kernel under ``maxnreg``. Up to ``fused_max_rows`` rows (None: any); more run the split scoring
+    # grid and the launches above. Call 25's bench: fused, selection at batch 16 falls 6-10% (one row per SM:
+    # no launch between scoring and top-k, no second read of the scores from L2) and at a GQA group of 4 at 48
+    # requests 4-8%, but past one wave of row programs (2 per SM) at a group of 2 it rises 2-15% (batch 40, 64).
     fused: bool = False
-    fused_from_rows: int = 0
+    fused_max_rows: int | None = None
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
-        assert not (self.fused and self.short_warps), "the fused launch holds every tier in one kernel"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
-        return self.fused and rows >= self.fused_from_rows
+        return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
 
 
 TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVariant(tails=True),
@@ -68,8 +69,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "short8_hist40_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
                                                    short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS),
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
-                 "fused_hist64_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                  fused_from_rows=WIDE_FROM_ROWS)}
+                 "fused_hist64_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
+                                                    fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
+                                                    short_from_rows=WIDE_FROM_ROWS)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -97,7 +99,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # scoring and top-k (``sparse_decode.score_and_select``), a program per row that streams its row's landmarks
 # (at rollout A's batch the split grid's score kernel reads at about copy bandwidth and the top-k then runs
 # alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
-# streaming on the same SM); ``fused_hist64_wide``: that from WIDE_FROM_ROWS rows on, ``fine_hist64`` below.
+# streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
+# per SM), ``short8_hist40_wide``'s two launches past it.
 # All select ``select_pages``' pages.
 
 

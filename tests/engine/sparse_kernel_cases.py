@@ -24,7 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-            "short8_hist40_wide", "fused_hist64", "fused_hist64_wide")
+            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -254,14 +254,16 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-def test_fused_variants_fuse_from_their_rows(K):
-    """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_wide`` only from
-    WIDE_FROM_ROWS rows (below, one row per SM leaves no other row's streaming to hide a top-k under); the
+def test_fused_variants_fuse_up_to_their_rows(K):
+    """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_narrow`` up to one wave of
+    its programs (WIDE_FROM_ROWS rows: 2 per SM on 132 SMs), past it ``short8_hist40_wide``'s two launches; the
     split variants never."""
-    rows = K.TOPK_VARIANTS["fused_hist64_wide"].fused_from_rows
-    assert rows == 264 and K.TOPK_VARIANTS["fused_hist64"].fuses(1)
-    assert not K.TOPK_VARIANTS["fused_hist64_wide"].fuses(rows - 1) and K.TOPK_VARIANTS["fused_hist64_wide"].fuses(rows)
-    assert not any(K.TOPK_VARIANTS[v].fuses(10**6) for v in VARIANTS if not v.startswith("fused"))
+    narrow = K.TOPK_VARIANTS["fused_hist64_narrow"]
+    rows = narrow.fused_max_rows
+    assert rows == 264 and K.TOPK_VARIANTS["fused_hist64"].fuses(10**6)
+    assert narrow.fuses(rows) and not narrow.fuses(rows + 1)
+    assert K.select_launches("fused_hist64_narrow", rows + 1) == K.select_launches("short8_hist40_wide", rows + 1)
+    assert not any(K.TOPK_VARIANTS[v].fuses(1) for v in VARIANTS if not v.startswith("fused"))
 
 
 def test_variants_are_the_module_s():

@@ -156,7 +156,7 @@ def test_decode_scoring_updates_the_completed_page_landmark(variant):
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v.startswith("fused")])
 def test_one_launch_scores_selects_and_updates_as_two_do(variant):
-    """40 requests x 8 KV heads (320 rows: past WIDE_FROM_ROWS, so both fused variants fuse), rows in the top-k
+    """33 requests x 8 KV heads (264 rows: one wave of row programs, so both fused variants fuse), rows in the top-k
     tiers from 1,024 to past 2,048 candidates and a dense row: ``score_and_select``'s one launch writes the
     scores (the reference's, to fp32 rounding), the landmarks of the pages the step completes and the pages that
     ``page_scores`` then ``select_and_write`` write, and its pages are ``select_pages``' on its scores."""
@@ -164,9 +164,9 @@ def test_one_launch_scores_selects_and_updates_as_two_do(variant):
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     g = torch.Generator().manual_seed(40)
-    lengths = [33000, 16500, 24500, 700] + torch.randint(1000, 12000, (36,), generator=g).tolist()
+    lengths = [33000, 16500, 24500, 700] + torch.randint(1000, 12000, (29,), generator=g).tolist()
     case = make_case(lengths, seed=40)
-    schedules = [fixed_budget_schedule(b) for b in torch.randint(16, 300, (39,), generator=g).tolist()]
+    schedules = [fixed_budget_schedule(b) for b in torch.randint(16, 300, (32,), generator=g).tolist()]
     plan = plan_for(case, schedules[:3] + [dense_schedule()] + schedules[3:], topk_cap_pages=300)
     lm = _landmarks(case, torch.bfloat16)
     one, two = (_layer(case, plan, lm.clone(), pcap=40960 // PS, variant=variant) for _ in range(2))
