@@ -139,7 +139,7 @@ def profile_backend(backend, size, args, schedule, work_dir, out_dir) -> dict:
            "SGLANG_TORCH_PROFILER_DIR": str(work_dir / f"prof-{backend}")}
     srv = S.Server(model_dir, T.SERVER_ARGS + args.server_args + ["--attention-backend", backend,
                                                                   "--context-length", str(args.context_length)],
-                   log, port=30200, env=env)
+                   log, port=args.port or S.free_port(), env=env)
     srv.start()
     try:
         rng = random.Random(0)
@@ -189,6 +189,8 @@ def main() -> int:
     ap.add_argument("--backends", default="flashinfer,sparrow")
     ap.add_argument("--server-args", default="", help="extra SGLang flags, same for both backends")
     ap.add_argument("--out-dir", default=".")
+    ap.add_argument("--port", type=int, default=0, help="the server's port (0: one the OS finds free, so that runs "
+                                                       "on the cards of one host do not share one)")
     ap.add_argument("--from-kernels", default=None, help="rebuild the tables from a run's saved replay kernels")
     args = ap.parse_args()
     args.server_args = args.server_args.split()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,6 +132,25 @@ def write_lora_adapter(adapter_dir: str | Path, model_dir: str | Path, seed: int
     return adapter_dir
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS's choice), for a server of its own beside others."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int) -> bool:
+    """Whether a process listens on ``port`` (SO_REUSEADDR: a stopped server's connections in TIME_WAIT do not
+    count, as they do not stop the next server from binding it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 class Server:
     """``python -m sglang.launch_server`` (or ``sparrow-server serve --engine sglang`` with ``sparrow``)
     in its own process group, logging to ``log_path``."""
@@ -154,7 +174,11 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 400) -> float:
-        """Start and wait for /health; returns seconds to healthy. Raises with the log tail on failure."""
+        """Start and wait for /health; returns seconds to healthy. Raises with the log tail on failure, and at once
+        if the port is taken: another process's server would answer this one's /health (call 25: two profiles on
+        one port, one benchmarking the other's server)."""
+        if port_in_use(self.port):
+            raise RuntimeError(f"port {self.port} is in use: another server would answer this server's /health")
         t0 = time.time()
         log = open(self.log_path, "a")
         log.write("$ " + " ".join(self.cmd) + "\n")
@@ -166,9 +190,12 @@ class Server:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
             try:
                 urllib.request.urlopen(self.base + "/health", timeout=3)
-                return time.time() - t0
             except Exception:
                 time.sleep(2)
+                continue
+            if self.proc.poll() is not None:  # healthy, but not this process: it died (a port taken meanwhile)
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            return time.time() - t0
         self.stop()
         raise TimeoutError(f"server not healthy after {timeout_s} s:\n{self.tail()}")
 
