@@ -76,6 +76,10 @@ DEFAULT_MAX_RUNNING = 32
 DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 SERVER_ARG = r"\b{}=(\d+)"  # an integer field of the server_args line of an SGLang log
 BACKEND_SERVER = {"dense": "flashinfer", "sparse": "sparrow"}
+# What one unit of each term's count is (STEP_COST_TERMS order; cost/step_fit.py says why each term exists)
+TERM_PER = ("step", "request and step", "sparse layer in a step that selects", "request and sparse layer in a step "
+            "that selects", "scored page, request and sparse layer", "layer and step", "TFLOP of the linear layers",
+            "GB of KV read on CUDA-core decode x GB of KV held")
 
 
 @dataclass(frozen=True)
@@ -335,9 +339,9 @@ def report(preset: str, results: Path = RESULTS) -> str:
             mark = "**" if ts == terms else ""
             lines.append(f"| {mark}{_short(ts)}{mark} | {err_in:.1%} | {err_out.max():.1%} | "
                          f"{np.sqrt(np.mean(err_out ** 2)):.1%} |")
-    lines += ["", "| term | fitted | in the preset |", "|---|---|---|"]
-    lines += [f"| `{t}` | {c * 1e6:.4g} µs | {getattr(preset_hw, t) * 1e6:.4g} µs |"
-              for t, c in zip(STEP_COST_TERMS, coefficients)]
+    lines += ["", "| term | per | fitted | in the preset |", "|---|---|---|---|"]
+    lines += [f"| `{t}` | {per} | {c * 1e6:.4g} µs | {getattr(preset_hw, t) * 1e6:.4g} µs |"
+              for t, per, c in zip(STEP_COST_TERMS, TERM_PER, coefficients, strict=True)]
     lines += ["", "Per point (seconds: a decode step, or a rollout's wall time; errors are predicted / measured - 1; "
               "'decode fit' is the fit to the decode points alone):", "",
               "| point | measured s | roofline s | fitted s | error | left out | decode fit |", "|---|---|---|---|---|---|---|"]
