@@ -43,40 +43,31 @@ from sparrow_server.sparsity.schedule import Schedule, dense_schedule, load_sche
 RESULTS = Path(__file__).resolve().parent / "results"
 SCHEDULE_FILES = Path(__file__).resolve().parent / "schedules"  # benchmark schedules served with --schedule-file
 # The measurements of one code state per preset (benchmarks/results/<call>/sglang_throughput.json).
-# H100: the fused radix-select kernel (calls 3, 4); H200: the issue-13 kernels (call 14; call 15 ran the
-# same commit, dense half of rollout A).
-FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"), "h200": ("gpu_call14", "gpu_call15")}
+# H100: the fused radix-select kernel (calls 3, 4). H200: the code after issue 24 (per-request dense layers; the
+# `even` selection in calls 10-22, `fine_hist64` in call 23, `short8_hist40_wide` in call 24, which no term tells
+# apart): decode 32K x 16 and x 32 with the 0.86 preset and with no dense layer (speed/call10), rollouts A and B
+# (speed/call20, dense and sparse on the two cards of one host at once, as every rollout since), rollout B at the
+# 33 requests the pool holds (call21, call24), rollout A of Qwen3-8B (call22), of Qwen3-1.7B and -4B (call23) and
+# of Qwen3-1.7B (call24). The issue-13 calls 14-15 the H200 preset was fitted to before are held out: their
+# sparse kernels are older than the rollouts', which are the code `sparrow-server cost` describes.
+FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"),
+               "h200": ("speed/call10/preset", "speed/call10/ceiling", "speed/call20/rolloutA", "speed/call20/rolloutB",
+                        "speed/call21/rolloutB_33", "speed/call22/rolloutA_8b", "speed/call23/rolloutA",
+                        "speed/call23/rolloutA_4b", "speed/call24/rolloutA", "speed/call24/rolloutB_33")}
 # Not fitted, predicted with the fit as a check. H100: same GPU and code state, other models (Qwen3-4B and -8B,
-# 36 layers, decode at a 16896-token server). H200: same GPU, the code after issue 24 (the `even` selection
-# variant, now the default; per-request dense layers): decode 32K x 16 and x 32 with the 0.86 preset and with
-# no dense layer (benchmarks/results/speed/README.md).
-LATER_CODE_DECODE = {"h100": (), "h200": ("speed/call10/preset", "speed/call10/ceiling")}
-HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": LATER_CODE_DECODE["h200"]}
+# 36 layers, decode at a 16896-token server). H200: same GPU, the issue-13 code (decode 16K x 16, 32K x 16 and
+# x 28; the dense rollout A, 61 requests then 3, alone on its card).
+HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("gpu_call14", "gpu_call15")}
 HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
-                 "h200": ("same GPU, the code after issue 24: `even` selection, per-request dense layers",)}
-# Same GPU, earlier sparse kernels (not fitted): their rollouts are in the per-rollout table, to show what the
-# preset does not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4;
-# speed/call21/rolloutA_4b: Qwen3-4B's sparse layers on FlashInfer's CUDA-core decode at GQA group 4, at half the
-# dense kernel's bandwidth, replaced by the tensor-core decode SGLang runs the dense layers on).
-EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ("speed/call21/rolloutA_4b",)}
-# Same GPU, the code after issue 24 (not fitted): rollouts A and B (speed/call20, dense and sparse on the two cards
-# of one host at once; speed/call21: rollout B at the 33 requests the pool holds; speed/call22, 23: rollout A of
-# Qwen3-8B, and of Qwen3-1.7B and -4B with ``fine_hist64``; speed/call24: rollouts A and B with ``short8_hist40_wide``),
-# in the per-rollout table. A fit to call 20 leaves
-# rollout A's dense half more than 10% off in its first quarter of lengths with every term set
-# (docs/cost-model.md), so the preset stays issue 13's; the report shows a fit to these points alone.
-LATER_CODE = {"h100": (), "h200": ("speed/call20/rolloutA", "speed/call20/rolloutB", "speed/call21/rolloutB_33",
-                                   "speed/call22/rolloutA_8b", "speed/call23/rolloutA",
-                                   "speed/call23/rolloutA_4b", "speed/call24/rolloutA",
-                                   "speed/call24/rolloutB_33")}
+                 "h200": ("same GPU, the issue-13 code: the sparse kernels before issue 24, one card at a time",)}
+# Same GPU, other kernels (not fitted): their rollouts are in the per-rollout table, to show what the preset does
+# not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4; gpu_call15: the
+# issue-13 code, held out above; speed/call21/rolloutA_4b: Qwen3-4B's sparse layers on FlashInfer's CUDA-core
+# decode at GQA group 4, at half the dense kernel's bandwidth, replaced by the tensor-core decode of call 23).
+EARLIER_KERNELS = {"h100": ("gpu_call2",), "h200": ("gpu_call15", "speed/call21/rolloutA_4b")}
 NOT_FITTED_LABEL = {**{c: "earlier kernel" for v in EARLIER_KERNELS.values() for c in v},
-                    **{c: "issue-24 code" for v in LATER_CODE.values() for c in v},
-                    "speed/call21/rolloutA_4b": "issue-24 code, CUDA-core sparse decode at GQA group 4",
-                    "speed/call22/rolloutA_8b": "issue-24 code, tensor-core sparse decode at GQA group 4",
-                    "speed/call23/rolloutA": "issue-24 code, fine_hist64 selection",
-                    "speed/call23/rolloutA_4b": "issue-24 code, fine_hist64 selection, tensor-core sparse decode",
-                    "speed/call24/rolloutA": "issue-24 code, short8_hist40_wide selection",
-                    "speed/call24/rolloutB_33": "issue-24 code, short8_hist40_wide selection"}
+                    "gpu_call15": "issue-13 code, held out",
+                    "speed/call21/rolloutA_4b": "issue-24 code, CUDA-core sparse decode at GQA group 4"}
 DEVICES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 # The H100 runs predate the JSON's max_running_requests field; their flags were --max-running-requests 32
 # (benchmarks/results/sglang_README.md and the server logs).
@@ -85,6 +76,10 @@ DEFAULT_MAX_RUNNING = 32
 DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+), #token: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 SERVER_ARG = r"\b{}=(\d+)"  # an integer field of the server_args line of an SGLang log
 BACKEND_SERVER = {"dense": "flashinfer", "sparse": "sparrow"}
+# What one unit of each term's count is (STEP_COST_TERMS order; cost/step_fit.py says why each term exists)
+TERM_PER = ("step", "request and step", "sparse layer in a step that selects", "request and sparse layer in a step "
+            "that selects", "scored page, request and sparse layer", "layer and step", "TFLOP of the linear layers",
+            "GB of KV read on CUDA-core decode x GB of KV held")
 
 
 @dataclass(frozen=True)
@@ -236,13 +231,13 @@ def preset_points(preset: str, results: Path = RESULTS, held_out: bool = False) 
 
 
 def reported_calls(preset: str) -> tuple[str, ...]:
-    """The calls whose rollouts the per-rollout table shows: fitted, then those of other code states."""
-    return FIT_SOURCES[preset] + EARLIER_KERNELS[preset] + LATER_CODE[preset]
+    """The calls whose rollouts the per-rollout table shows: fitted, then those of other kernels."""
+    return FIT_SOURCES[preset] + EARLIER_KERNELS[preset]
 
 
 def rollout_breakdown(preset: str, loo: dict[str, float], results: Path = RESULTS) -> list[str]:
     """Rows of the per-rollout table: each committed rollout on the preset's GPU (fitted, or of earlier
-    kernels or later code) with the seconds its server log's lines cover, and the seconds each part of the model predicts."""
+    other kernels) with the seconds its server log's lines cover, and the seconds each part of the model predicts."""
     hardware = HARDWARE_PRESETS[preset]
     kept = [i for i, t in enumerate(STEP_COST_TERMS) if getattr(hardware, t)]
     lines = ["| rollout | waves | measured | log lines | prefill | roofline decode | "
@@ -308,23 +303,6 @@ def context_term_check(preset: str, results: Path = RESULTS) -> list[str]:
     return lines
 
 
-def later_code_refit(preset: str, results: Path = RESULTS) -> list[str]:
-    """What the preset would be if fitted to the later code's measurements (LATER_CODE_DECODE, held out of the
-    preset's fit, and the LATER_CODE rollouts): the term set, the costs, and each point's error in that fit and left out of it."""
-    calls = LATER_CODE_DECODE[preset] + LATER_CODE[preset]
-    points = [p for _, p in preset_workloads(preset, results, calls=calls)]
-    if not points:
-        return []
-    terms = select_terms(points)
-    coefficients, loo = fit_step_costs(points, terms), leave_one_out(points, terms)
-    errors = [predict(p, coefficients) / p.measured_s - 1 for p in points]
-    lines = [f"Fitted: {_short(terms)} = " + ", ".join(_seconds(c) for t, c in zip(STEP_COST_TERMS, coefficients)
-                                                      if t in terms)
-             + f"; worst point {max(map(abs, errors)):.1%} in the fit, {max(map(abs, loo)):.1%} left out "
-             "(the preset's test bounds: 6% and 10%).", "", "| point | error | left out |", "|---|---|---|"]
-    return lines + [f"| {p.name} | {e:+.1%} | {o:+.1%} |" for p, e, o in zip(points, errors, loo)]
-
-
 def _seconds(c: float) -> str:
     return f"{c * 1e9:.3g} ns" if 0 < c < 1e-7 else f"{c * 1e6:.4g} µs"
 
@@ -361,9 +339,9 @@ def report(preset: str, results: Path = RESULTS) -> str:
             mark = "**" if ts == terms else ""
             lines.append(f"| {mark}{_short(ts)}{mark} | {err_in:.1%} | {err_out.max():.1%} | "
                          f"{np.sqrt(np.mean(err_out ** 2)):.1%} |")
-    lines += ["", "| term | fitted | in the preset |", "|---|---|---|"]
-    lines += [f"| `{t}` | {c * 1e6:.4g} µs | {getattr(preset_hw, t) * 1e6:.4g} µs |"
-              for t, c in zip(STEP_COST_TERMS, coefficients)]
+    lines += ["", "| term | per | fitted | in the preset |", "|---|---|---|---|"]
+    lines += [f"| `{t}` | {per} | {c * 1e6:.4g} µs | {getattr(preset_hw, t) * 1e6:.4g} µs |"
+              for t, per, c in zip(STEP_COST_TERMS, TERM_PER, coefficients, strict=True)]
     lines += ["", "Per point (seconds: a decode step, or a rollout's wall time; errors are predicted / measured - 1; "
               "'decode fit' is the fit to the decode points alone):", "",
               "| point | measured s | roofline s | fitted s | error | left out | decode fit |", "|---|---|---|---|---|---|---|"]
@@ -389,11 +367,6 @@ def report(preset: str, results: Path = RESULTS) -> str:
     lines += ["", "A cost per page of the server's `--context-length` (Pcap), per request and sparse layer in a step "
               "that selects, as one more candidate term (not in the preset):", ""]
     lines += context_term_check(preset, results)
-    refit = later_code_refit(preset, results)
-    if refit:
-        lines += ["", "Not the preset: a fit to the later code's points alone (the held-out decode points and the "
-                  "later-code rollouts above; their sparse halves ran different selection variants, which no term "
-                  "tells apart):", ""] + refit
     held = preset_points(preset, results, held_out=True)
     if held:
         lines += ["", "Held out (not in the fit: " + "; ".join(HELD_OUT_WHAT[preset]) + "):", "",

@@ -21,6 +21,9 @@ class Hardware:
     sparse_layer_step_s: float = 0.0  # per sparse layer in a step that selects pages
     sparse_layer_request_s: float = 0.0  # per request and sparse layer in a step that selects pages
     sparse_page_s: float = 0.0  # per candidate page scored, per request and sparse layer
+    layer_step_s: float = 0.0  # per layer and step
+    matmul_tflop_s: float = 0.0  # per TFLOP of the linear layers
+    cuda_core_kv_s: float = 0.0  # per GB of KV read on the CUDA-core decode, per GB of KV the batch holds
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops", "mem_bytes_per_s"):
@@ -85,11 +88,12 @@ HARDWARE_PRESETS: dict[str, Hardware] = {
     ),
     "h200": Hardware(
         "h200", peak_flops=788e12, mem_bytes_per_s=4.3e12,
-        step_overhead_s=1.53e-3, sparse_page_s=1.10e-9,
+        request_step_s=8.00e-6, sparse_layer_step_s=16.8e-6, sparse_page_s=0.281e-9, layer_step_s=42.5e-6,
+        matmul_tflop_s=2.16e-3, cuda_core_kv_s=0.157e-6,
         source="measured on the lent H200 (2026-10-28, 2026-11-04): 769-798 TFLOP/s bf16 matmul, ~4.3 TB/s copy; "
-               "per-step costs fitted to SGLang decode 16K x 16, 32K x 16, 32K x 28 and the dense rollout "
-               "64 x (1K + 16K), Qwen3-1.7B, issue-13 kernels (benchmarks/results/gpu_call14, gpu_call15 "
-               "sglang_throughput.json)",
+               "per-step costs fitted to SGLang decode 32K x 16 and x 32 and the rollouts 64 x (1K + 16K), "
+               "16 and 33 x (1K + 32K), Qwen3-1.7B, and 64 x (1K + 16K) of Qwen3-4B and -8B, the code after issue 24 "
+               "(benchmarks/results/speed/call10, call20-call24 sglang_throughput.json)",
     ),
 }
 SPEC_HARDWARE: dict[str, Hardware] = {

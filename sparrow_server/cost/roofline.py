@@ -10,7 +10,8 @@ step of ``batch`` requests that each attend ``L`` tokens (prompt + generated, cu
   request the KV read: dense layers ``L`` tokens, sparse layers ``A`` tokens, both at
   ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` bf16 each;
 - time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) + the hardware's fitted per-step costs times their
-  counts (``step_fit.py``: per step, per request, and for a step that selects pages per sparse layer, per
+  counts (``step_fit.py``: per step, per request, per layer, per TFLOP of the linear layers, per GB of KV
+  read on the CUDA-core decode per GB the batch holds, and for a step that selects pages per sparse layer, per
   request and sparse layer, per scored page): the presets carry costs fitted to measured SGLang decode and
   rollouts; ``Hardware.roofline()`` zeroes them (the pure roofline).
 
@@ -37,6 +38,10 @@ from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 DEFAULT_DECODE_BATCH = 64
 DEFAULT_SAMPLES = 8  # generations per prompt (the paper's N)
 LANDMARK_BYTES = 2  # landmarks accumulate in fp32 and are stored in bf16, as in the reference
+# SGLang decodes bf16 KV on FlashInfer's tensor-core kernel from a GQA group of 4 (should_use_tensor_core,
+# flashinfer_backend.py), below it on the CUDA-core kernel; the sparse layers take the same choice
+# (docs/gpu-serving.md). Only the CUDA-core decode pays step_fit's cuda_core_kv_s.
+TENSOR_CORE_DECODE_GROUP = 4
 
 
 @dataclass(frozen=True)
@@ -154,9 +159,14 @@ def step_roofline_and_counts(
     (``step_fit.step_cost_counts``): [S] -> ([S], [S, len(STEP_COST_TERMS)])."""
     flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
     roofline = np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
-    _, scored = _attended_and_scored(schedule, np.atleast_1d(np.asarray(lengths, dtype=np.int64)), prompt_len)
+    lengths = np.atleast_1d(np.asarray(lengths, dtype=np.int64))
+    _, scored = _attended_and_scored(schedule, lengths, prompt_len)
     selecting = scored > 0  # the step scores landmarks: the sparse path's own kernels run
-    return roofline, step_cost_counts(batch, _sparse_layer_count(model, schedule), selecting, scored)
+    held = batch * lengths * float(model.kv_bytes_per_token)  # the pool keeps every layer's KV, sparse or not
+    cuda_cores = model.num_q_heads // model.num_kv_heads < TENSOR_CORE_DECODE_GROUP
+    return roofline, step_cost_counts(batch, model.num_layers, _sparse_layer_count(model, schedule), selecting, scored,
+                                      np.full(lengths.shape, batch * 2.0 * model.matmul_params),
+                                      (nbytes.kv + nbytes.landmarks) * cuda_cores, held)
 
 
 def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0):

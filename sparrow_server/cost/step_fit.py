@@ -3,7 +3,8 @@
 A decode step of ``batch`` requests costs its roofline (``roofline.py``: weights + KV + landmark bytes at
 the hardware's bandwidth, or FLOPs) plus terms that scale with what the profiles show a step doing beyond
 its bytes (``benchmarks/results/gpu_call11`` and ``gpu_call13``, ``decode_profile.md``: ~14 kernels per
-layer and an LM-head/sampling tail for both backends, two more kernels per sparse layer):
+layer and an LM-head/sampling tail for both backends, two more kernels per sparse layer), and with what
+the rollouts' server logs show of the attention's bandwidth (docs/cost-model.md, "Fitted per-step costs"):
 
 ==========================  =====================================================================
 ``step_overhead_s``         per step (launches, LM head, sampling, scheduling), both backends
@@ -14,11 +15,18 @@ layer and an LM-head/sampling tail for both backends, two more kernels per spars
                             write of one row, sparse decode below copy bandwidth)
 ``sparse_page_s``           per candidate page scored, per request and sparse layer, beyond its
                             landmark bytes (the score kernel's work follows the request's pages)
+``layer_step_s``            per layer and step, both backends (each layer's ~14 kernels: a model
+                            with more layers pays more per step at the same bytes)
+``matmul_tflop_s``          per TFLOP of the linear layers (2 x matmul_params per request): their
+                            compute adds to the weight stream instead of hiding under it
+``cuda_core_kv_s``          per GB of KV and landmarks read on FlashInfer's CUDA-core decode (a GQA
+                            group below 4), per GB of KV the batch holds: that kernel's bandwidth
+                            falls as the batch's KV grows; the tensor-core decode's does not
 ==========================  =====================================================================
 
 Every term is a count (``step_cost_counts``) times a coefficient, so a measured time that sums steps
 (a rollout) is linear in the coefficients too. ``fit_step_costs`` solves the non-negative least-squares
-problem on relative errors exactly (every subset of free terms: at most 2^5 small solves).
+problem on relative errors exactly (every subset of free terms: at most 2^8 small solves).
 """
 from __future__ import annotations
 
@@ -28,19 +36,28 @@ from dataclasses import dataclass
 import numpy as np
 
 STEP_COST_TERMS = ("step_overhead_s", "request_step_s", "sparse_layer_step_s", "sparse_layer_request_s",
-                   "sparse_page_s")
+                   "sparse_page_s", "layer_step_s", "matmul_tflop_s", "cuda_core_kv_s")
+# cuda_core_kv_s counts GB x GB and matmul_tflop_s TFLOP: in bytes x bytes (~1e20) or FLOPs (~1e11) their
+# columns would lie ~20 orders from the others and fall below lstsq's rcond
+GB, TFLOP = 1e9, 1e12
 
 
-def step_cost_counts(batch: int, n_sparse_layers: int, selecting: np.ndarray, scored_pages: np.ndarray) -> np.ndarray:
+def step_cost_counts(batch: int, n_layers: int, n_sparse_layers: int, selecting: np.ndarray, scored_pages: np.ndarray,
+                     matmul_flops: np.ndarray, cuda_core_kv_read_bytes: np.ndarray, kv_held_bytes: np.ndarray
+                     ) -> np.ndarray:
     """What each term of ``STEP_COST_TERMS`` multiplies, per step: [S] -> [S, len(STEP_COST_TERMS)].
 
     selecting: [S] bool, the step scores landmarks; scored_pages: [S] candidate pages one request's sparse
-    layer scores (all ``batch`` requests at the same length)."""
+    layer scores (all ``batch`` requests at the same length); matmul_flops: [S] the linear layers' FLOPs of
+    the batch; cuda_core_kv_read_bytes: [S] KV and landmark bytes the batch's attention reads on the CUDA-core
+    decode (0 where it decodes on tensor cores); kv_held_bytes: [S] KV bytes the batch holds."""
     selecting = np.asarray(selecting, dtype=np.float64)
     ones = np.ones_like(selecting)
     sparse_layers = n_sparse_layers * selecting
+    f64 = lambda x: np.asarray(x, dtype=np.float64)  # noqa: E731
     return np.stack([ones, batch * ones, sparse_layers, batch * sparse_layers,
-                     batch * n_sparse_layers * np.asarray(scored_pages, dtype=np.float64)], axis=-1)
+                     batch * n_sparse_layers * f64(scored_pages), n_layers * ones, f64(matmul_flops) / TFLOP,
+                     f64(cuda_core_kv_read_bytes) / GB * f64(kv_held_bytes) / GB], axis=-1)
 
 
 @dataclass(frozen=True)

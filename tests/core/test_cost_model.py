@@ -118,6 +118,11 @@ def _loop_rollout_time(model, schedule, prompt_len, gen_len, hw, batch):
         selecting = any(layer not in dense_layers for layer in range(model.num_layers)) and \
             n_pages > budget_tokens(schedule, L, prompt_len) // schedule.page_size
         step = max(batch * flops / hw.peak_flops, nbytes / hw.mem_bytes_per_s) + hw.step_overhead_s + hw.request_step_s * batch
+        # per layer; per TFLOP of the linear layers; per GB of KV read on CUDA cores (a GQA group below 4) per GB
+        # of KV held (every layer at L tokens)
+        cuda_cores = model.num_q_heads // model.num_kv_heads < 4
+        step += (hw.layer_step_s * model.num_layers + hw.matmul_tflop_s * batch * 2 * model.matmul_params / 1e12
+                 + hw.cuda_core_kv_s * cuda_cores * (batch * kv / 1e9) * (batch * L * model.kv_bytes_per_token / 1e9))
         n_sparse = model.num_layers - len(dense_layers)
         if selecting:  # per sparse layer; per request and sparse layer; per scored page of each
             step += n_sparse * (hw.sparse_layer_step_s + batch * (hw.sparse_layer_request_s
@@ -128,13 +133,17 @@ def _loop_rollout_time(model, schedule, prompt_len, gen_len, hw, batch):
 
 @pytest.mark.parametrize("basis", ["total", "generated"])
 def test_rollout_estimate_matches_loop(basis):
-    model = ModelShape("tiny", 256, 4, 8, 2, 32, 512, 1000, tie_embeddings=True)
+    # GQA groups of 4 (tensor-core decode) and 2 (CUDA-core decode, which pays cuda_core_kv_s)
+    models = [ModelShape("tiny", 256, 4, 8, 2, 32, 512, 1000, tie_embeddings=True),
+              ModelShape("tiny-g2", 256, 4, 8, 4, 32, 512, 1000, tie_embeddings=True)]
     schedule = Schedule("s", budgets_tokens=(64, 96, 160), bin_tokens=100, length_basis=basis, dense_layers=(0,))
     for hw in (Hardware("hw", peak_flops=1e12, mem_bytes_per_s=1e10),
                Hardware("fitted", peak_flops=1e12, mem_bytes_per_s=1e10, step_overhead_s=2e-4, request_step_s=7e-6,
-                        sparse_layer_step_s=5e-5, sparse_layer_request_s=3e-6, sparse_page_s=2e-8)):
-        for prompt_len, gen_len, batch in [(0, 400, 1), (37, 350, 8), (250, 120, 64)]:
-            _check_against_loop(model, schedule, prompt_len, gen_len, batch, hw)
+                        sparse_layer_step_s=5e-5, sparse_layer_request_s=3e-6, sparse_page_s=2e-8,
+                        layer_step_s=3e-5, matmul_tflop_s=0.5, cuda_core_kv_s=1.0)):
+        for model in models:
+            for prompt_len, gen_len, batch in [(0, 400, 1), (37, 350, 8), (250, 120, 64)]:
+                _check_against_loop(model, schedule, prompt_len, gen_len, batch, hw)
 
 
 def _check_against_loop(model, schedule, prompt_len, gen_len, batch, hw):

@@ -87,16 +87,23 @@ def test_cost_json(capsys):
 
 
 def test_cost_kv_pool_waves(capsys):
-    """--kv-pool-tokens: the batch decodes in the waves the pool holds (rollout A on the H200: 61, then 3)."""
-    args = ["cost", "--model", "qwen3-1.7b", "--schedule", "qwen3-1.7b-0.86", "--prompt-len", "1024", "--gen-len",
-            "16384", "--samples", "1", "--batch", "64", "--hardware", "h200", "--json"]
-    assert main(args) == 0
-    unlimited = json.loads(capsys.readouterr().out)
-    assert main(args + ["--kv-pool-tokens", "1076320"]) == 0
-    pooled = json.loads(capsys.readouterr().out)
+    """--kv-pool-tokens: the batch decodes in the waves the pool holds (rollout A on the H200: 61, then 3), each
+    wave costing what that many requests cost alone: 64 requests' time is 61's plus 3's, for both backends."""
+    def run(batch, *extra):
+        assert main(["cost", "--model", "qwen3-1.7b", "--schedule", "qwen3-1.7b-0.86", "--prompt-len", "1024",
+                     "--gen-len", "16384", "--samples", "1", "--batch", str(batch), "--hardware", "h200", "--json",
+                     *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    unlimited, pooled, first, second = run(64), run(64, "--kv-pool-tokens", "1076320"), run(61), run(3)
     assert unlimited["decode_waves"] == [64] and pooled["decode_waves"] == [61, 3]
-    assert pooled["kv_pool_tokens"] == 1076320 and pooled["dense_tokens_per_s"] < 0.9 * unlimited["dense_tokens_per_s"]
-    assert main(args + ["--kv-pool-tokens", "17000"]) == 2
+    assert pooled["kv_pool_tokens"] == 1076320
+    for backend in ("dense", "sparse"):
+        per_token = lambda out: 1 / out[f"{backend}_tokens_per_s"]  # noqa: E731  (seconds a request, per token)
+        assert 64 * per_token(pooled) == pytest.approx(61 * per_token(first) + 3 * per_token(second), rel=1e-9)
+        assert pooled[f"{backend}_tokens_per_s"] < unlimited[f"{backend}_tokens_per_s"]
+    assert main(["cost", "--model", "qwen3-1.7b", "--schedule", "dense", "--prompt-len", "1024", "--gen-len", "16384",
+                 "--kv-pool-tokens", "17000"]) == 2  # not one request at full length
     assert "kv_pool_tokens" in capsys.readouterr().err
 
 
