@@ -38,12 +38,13 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 # neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
 # Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV head:
-# 32 KB of bf16 landmarks, 16-byte loads; 47 registers, no spill): one program per SM must stream its row at about
-# its share of HBM bandwidth.
+# 32 KB of bf16 landmarks, 16-byte loads; 44 registers, no spill, sm_90): one program per SM must stream its row at
+# about its share of HBM bandwidth.
 ROW_BLOCK_P = 128
 # Stages of the row loop's pipeline (Triton's cp.async into shared memory: 2 tiles, 64 KB, in flight while a third
-# is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waits a
-# whole memory latency per tile: call 25's first bench, 21 GB/s a program, 2.6 TB/s at one row per SM.
+# is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waited a
+# memory latency per tile (call 25's first bench: 21 GB/s a program at 32K x 16); with it, in the second, selection
+# at batch 16 fell 1.6-3.2 us a layer from 32K tokens on and rose 2.8 us at 16K (fewer tiles than stages to fill).
 ROW_STAGES = tl.constexpr(3)
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
@@ -255,7 +256,7 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
     Same scores, pages and landmark update either way."""
     variant = resolve_variant(variant)
-    if TOPK_VARIANTS[variant].fuses(scores.shape[0]):
+    if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
         _row_launch(q, landmarks, req_to_token, req_pool_indices, fields, page_size, scores, k_buf, cache_loc,
                     variant, row_indptr, out)
         return

@@ -142,16 +142,16 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
         mine = k >= 0  # every row
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                    FINE_ROW, FINE_TAIL, PART != 2, PART != 1)
+                   k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
+                   FINE_ROW, FINE_TAIL, PART != 2, PART != 1)
 
 
 @triton.jit
 def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
-                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
-                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
+               k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+               LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
+               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
     FINE, FINE's; LONG: MEDIUM and past)."""
     r = tl.program_id(0)
