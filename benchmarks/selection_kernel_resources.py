@@ -39,10 +39,20 @@ def compile_kernel(fn, types: dict, consts: dict, options: dict, arch: int):
                           options=options)
 
 
+def row_kernel_launch(variant: str) -> tuple[dict, dict]:
+    """A fused variant's row kernel as the server launches it at Qwen3-1.7B shapes: (constants, options)."""
+    consts, options = topk.tier_launch(variant)
+    return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts), options
+
+
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
-    """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``; a kernel's dynamic
-    shared memory (what Triton's pipelines and reductions take) is ``compile_kernel(...).metadata.shared``."""
-    kernel = compile_kernel(fn, types, consts, options, arch)
+    """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
+    return kernel_resources(compile_kernel(fn, types, consts, options, arch))
+
+
+def kernel_resources(kernel) -> str:
+    """cuobjdump's resource line of a compiled kernel (its dynamic shared memory, what Triton's pipelines and
+    reductions take, is ``kernel.metadata.shared``)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
@@ -70,11 +80,10 @@ def main() -> None:
             part = f" part {consts['PART']} ({options['num_warps']} warps)" if len(launches) > 1 else ""
             print(f"select {v:5}{part}: {line}", flush=True)
         if topk.TOPK_VARIANTS[v].fused:  # the one launch of scoring and top-k (score_and_select)
-            consts, options = topk.tier_launch(v)
-            consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts)
-            line = resources(K._row_kernel, ROW_TYPES, consts, options, a.arch)
-            shared = compile_kernel(K._row_kernel, ROW_TYPES, consts, options, a.arch).metadata.shared
-            print(f"fused  {v:5} ({options['num_warps']} warps): {line} dynamic shared {shared}", flush=True)
+            consts, options = row_kernel_launch(v)
+            kernel = compile_kernel(K._row_kernel, ROW_TYPES, consts, options, a.arch)
+            print(f"fused  {v:5} ({options['num_warps']} warps): {kernel_resources(kernel)} dynamic shared "
+                  f"{kernel.metadata.shared}", flush=True)
 
 
 if __name__ == "__main__":

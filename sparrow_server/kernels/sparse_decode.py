@@ -234,19 +234,20 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                    BITS, FINE, FINE_ROW, FINE_TAIL, True, True)
 
 
-def _row_launch(q, landmarks, req_to_token, rpi, fields, page_size, scores, k_buf, cache_loc, variant,
-                row_indptr=None, out=None) -> None:
-    """``_row_kernel`` over every row: scores alone, or with ``out`` (and ``row_indptr``) the selection too."""
+def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
+                select: tuple | None = None) -> None:
+    """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
+    buffer) the selection too. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
-    update, select = k_buf is not None, out is not None
+    fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
+    field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     _row_kernel[(b * h,)](
-        q, landmarks, k_buf if update else landmarks, cache_loc if update else fields["cand_lo"], scores,
-        scores.shape[1], req_to_token, rpi, fields["n_pages"], fields["count"], fields["sink"], fields["k"],
-        fields["cand_lo"], fields["cand_hi"], row_indptr if select else fields["k"], out if select else scores,
-        req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, UPDATE=update,
-        SELECT=select, **consts, **options)
+        q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
+        scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
+        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
@@ -256,11 +257,11 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
     Same scores, pages and landmark update either way."""
     variant = resolve_variant(variant)
-    if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
-        _row_launch(q, landmarks, req_to_token, req_pool_indices, fields, page_size, scores, k_buf, cache_loc,
-                    variant, row_indptr, out)
-        return
     f = fields
+    if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
+        _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
+                    cache_loc, variant, select=(f, row_indptr, out))
+        return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
                 cache_loc, variant)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
@@ -289,8 +290,8 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     update = k_buf is not None
     variant = resolve_variant(variant)
     if TOPK_VARIANTS[variant].fuses(b * h):  # the fused launch's own scoring, without its selection
-        fields = {"cand_lo": cand_lo, "cand_hi": cand_hi, **{f: cand_lo for f in ("n_pages", "count", "sink", "k")}}
-        _row_launch(q, landmarks, req_to_token, req_pool_indices, fields, page_size, out, k_buf, cache_loc, variant)
+        _row_launch(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
+                    variant)
         return out
     nprog = score_programs(out.shape[1], variant)
     _score_kernel[(b, nprog)](

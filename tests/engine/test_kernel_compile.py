@@ -21,10 +21,8 @@ def _compile_row_kernel(variant: str):
     import selection_kernel_resources as res
 
     from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.kernels import topk
 
-    consts, options = topk.tier_launch(variant)
-    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, UPDATE=True, SELECT=True, **consts)
+    consts, options = res.row_kernel_launch(variant)
     return res.compile_kernel(K._row_kernel, res.ROW_TYPES, consts, options, 90), options
 
 
