@@ -81,7 +81,8 @@ BREAKS = (
     Break("kv_head_landmarks_swapped_fused", "the fused row programs score each KV head's pages with the next KV "
           "head's landmarks", KERNELS, "tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]",
           "tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + ((h + 1) % H) * D + d[None, :]",
-          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
+           f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

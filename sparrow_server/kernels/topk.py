@@ -47,7 +47,7 @@ class TopKVariant:
     # tier in one kernel under ``maxnreg``. Up to ``fused_max_rows`` rows (None: any); more run the split scoring
     # grid and the launches above. Call 25's bench: fused, selection at batch 16 falls 6-10% (one row per SM:
     # no launch between scoring and top-k, no second read of the scores from L2) and at a GQA group of 4 at 48
-    # requests 4-8%, but past one wave of row programs (2 per SM) at a group of 2 it rises 2-15% (batch 40, 64).
+    # requests 3.7-8%, but past one wave of row programs (2 per SM) at a group of 2 it rises 1.5-15% (batch 40, 64).
     fused: bool = False
     fused_max_rows: int | None = None
 
