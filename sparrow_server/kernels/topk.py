@@ -50,9 +50,18 @@ class TopKVariant:
     # requests 3.7-8%, but past one wave of row programs (2 per SM) at a group of 2 it rises 1.5-15% (batch 40, 64).
     fused: bool = False
     fused_max_rows: int | None = None
+    # Histogram rounds (bits 8) stop at the first round whose digit's bucket holds exactly the keys still needed:
+    # then every key from the bucket's lower edge up is taken, whatever the lower bits (at 2K random-like scores
+    # a bucket of 24 bits holds one key, so the fourth round almost never runs, the third often not).
+    exit_early: bool = False
+    # Fused only: the row loop builds the first round's histogram (the keys' top 8 bits) from the scores it has in
+    # registers, so the top-k after it starts at the second round.
+    digit_while_scoring: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
+        assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
+        assert not self.digit_while_scoring or (self.fused and self.bits == 8), "a fused row loop's histogram"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -71,7 +80,14 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
                                                     fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                    short_from_rows=WIDE_FROM_ROWS)}
+                                                    short_from_rows=WIDE_FROM_ROWS),
+                 "fused_exit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
+                                                  fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
+                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True),
+                 "fused_exit_digit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
+                                                        fused_max_rows=WIDE_FROM_ROWS, short_warps=8,
+                                                        short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS,
+                                                        exit_early=True, digit_while_scoring=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -100,7 +116,9 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # (at rollout A's batch the split grid's score kernel reads at about copy bandwidth and the top-k then runs
 # alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
 # streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
-# per SM), ``short8_hist40_wide``'s two launches past it.
+# per SM), ``short8_hist40_wide``'s two launches past it. ``fused_exit_narrow``: that whose histogram rounds stop
+# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch;
+# ``fused_exit_digit_narrow``: that whose fused row loop also builds the first round's histogram while it scores.
 # All select ``select_pages``' pages.
 
 
@@ -115,10 +133,21 @@ def resolve_variant(variant: str | None) -> str:
 @triton.jit
 def _ukey(scores_ptr, j, m):
     """Order-preserving unsigned key of fp32 scores (int64 in [0, 2**32)); -1 where masked."""
-    bits = tl.load(scores_ptr + j, mask=m, other=0.0).to(tl.int32, bitcast=True)
-    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties with +0.0
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
-    return tl.where(m, key, -1)
+    return tl.where(m, order_key(tl.load(scores_ptr + j, mask=m, other=0.0)), -1)
+
+
+@triton.jit
+def order_key(score):
+    """Order-preserving unsigned key (int64 in [0, 2**32)) of fp32 ``score``s: -0.0 ties with +0.0."""
+    bits = score.to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def first_digit_histogram(score, m):
+    """[256] counts of the first radix round's digit (the key's top 8 bits) of the fp32 ``score``s where ``m``."""
+    return tl.histogram((order_key(score) >> 24).to(tl.int32), 256, mask=m)
 
 
 @triton.jit
@@ -126,7 +155,8 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                    TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
-                   FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, PART: tl.constexpr):
+                   FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
+                   PART: tl.constexpr):
     """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
     FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
     launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
@@ -142,18 +172,20 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
         mine = k >= 0  # every row
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                   k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, PART != 2, PART != 1)
+                   k, lo, hi, k, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
+                   FINE_ROW, FINE_TAIL, EXIT, False, PART != 2, PART != 1)
 
 
 @triton.jit
 def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-               k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+               k, lo, hi, first, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
-               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
+               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, FIRST: tl.constexpr,
+               SHORT: tl.constexpr, LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past)."""
+    FINE, FINE's; LONG: MEDIUM and past). FIRST: ``first`` is the first round's histogram of the row's keys
+    (``first_digit_histogram``; unread otherwise); EXIT: ``TopKVariant.exit_early``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -175,48 +207,52 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if not SHORT:
-            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
-                       TAILS, BITS)
+            _topk_long(scores, lo, hi, k, row, out + s, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT, FIRST)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, SMALL, 0, BITS, EXIT, FIRST)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, FINE_ROW, 0, BITS, EXIT, FIRST)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT,
+                               FIRST)
         elif LONG:
-            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
-                       TAILS, BITS)
+            _topk_long(scores, lo, hi, k, row, out + s, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT, FIRST)
 
 
 @triton.jit
-def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+def _topk_long(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr):
+               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
+               FIRST: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, 0, BITS, EXIT, FIRST)
     elif TAILS:
-        _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, BITS)
+        _topk_past_medium(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                          TAIL_C, BITS, EXIT, FIRST)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, LARGE, 0, BITS, EXIT, FIRST)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
-def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
-                      LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-                      TAIL_C: tl.constexpr, BITS: tl.constexpr):
+def _topk_past_medium(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr,
+                      MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
+                      TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
+                      FIRST: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_A, BITS, EXIT, FIRST)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_B, BITS, EXIT, FIRST)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_C, BITS, EXIT, FIRST)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, LARGE, 0, BITS, EXIT, FIRST)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -250,12 +286,13 @@ def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constex
 
 
 @triton.jit
-def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
-                       TAIL: tl.constexpr, BITS: tl.constexpr):
+def _topk_in_registers(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, FIRST: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
-    rounds of a 256-bin histogram of the keys still in the running)."""
+    rounds of a 256-bin histogram of the keys still in the running; FIRST: the first one given, ``first``;
+    EXIT: none after a round whose bucket holds exactly the keys still needed)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
     if TAIL > 0:
@@ -264,19 +301,28 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
+    exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
     for rnd in tl.static_range(32 // BITS):
         shift = 32 - BITS * (rnd + 1)
         if BITS == 8:
-            hist = _bucket_histogram(key, prefix, shift)
-            if TAIL > 0:
-                hist += _bucket_histogram(key2, prefix, shift)
-            prefix, n_gt = _histogram_round(hist, k, n_gt, prefix, shift)
+            if exact == 0:  # else the bucket is taken whole: its keys' lower bits decide nothing
+                if FIRST and rnd == 0:
+                    hist = first
+                else:
+                    hist = _bucket_histogram(key, prefix, shift)
+                    if TAIL > 0:
+                        hist += _bucket_histogram(key2, prefix, shift)
+                prefix, n_gt, exact = _histogram_round(hist, k, n_gt, prefix, shift)
+                if not EXIT:
+                    exact = tl.zeros([], tl.int32)
         else:
             thr = prefix + ((c + 1) << shift)
             counts = _count_at_least(key, thr)
             if TAIL > 0:
                 counts += _count_at_least(key2, thr)
             prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+    # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
+    # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
     zero = tl.zeros([], tl.int32)
     n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
     if TAIL > 0:
@@ -294,13 +340,18 @@ def _bucket_histogram(key, prefix, shift):
 @triton.jit
 def _histogram_round(hist, k, n_gt, prefix, shift):
     """One 8-bit round: the digit holding the k-th largest key among the live ones (``k - n_gt``-th
-    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket)."""
+    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket, 1 if
+    the new bucket holds exactly the ``k - n_gt`` keys still needed, else 0)."""
     need = k - n_gt
     at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # live keys with digit >= c
-    sel = tl.sum((at_least >= need).to(tl.int32), axis=0) - 1       # falls with c; >= need at c = 0
+    # at_least falls with c and is >= need at c = 0: sel is the last digit where it is; at_least[sel] == need
+    # iff some digit has at_least == need (those digits are sel and the empty buckets just below it). One
+    # reduction counts both: the first in the low 9 bits (at most 256), the second above them.
+    both = tl.sum((at_least >= need).to(tl.int32) + (at_least == need).to(tl.int32) * 512, axis=0)
+    sel = (both & 511) - 1
     c = tl.arange(0, 256)
     above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
-    return prefix + (sel.to(tl.int64) << shift), n_gt + above
+    return prefix + (sel.to(tl.int64) << shift), n_gt + above, (both >= 512).to(tl.int32)
 
 
 @triton.jit
@@ -332,7 +383,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
-                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1])
+                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 

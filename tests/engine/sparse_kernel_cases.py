@@ -24,7 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow")
+            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow", "fused_exit_digit_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -218,6 +218,38 @@ def test_split_rows_select_select_pages(K, variant, scores):
     assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
 
 
+# ``bucket``: scores whose k best of each row fall in one first-round bucket ([2, 8): the keys' top 8 bits, sign and
+# the exponent's top 7), with ties at 2.0, its lower edge, and the rest above it (16.0) or below it.
+TAKEN_VALUES, OTHER_VALUES = (2.0, 2.0, 2.5, 3.0, 5.0, 7.5, 16.0), (1.0, 1.5, 0.75, -1.0, 1.9990234375)
+
+
+def _bucket_scores(sel, seed):
+    """Each row's k best on exactly k candidates (TAKEN_VALUES), the others below 2.0: the first histogram
+    round's bucket holds exactly the keys still needed (``TopKVariant.exit_early`` stops there)."""
+    g = torch.Generator().manual_seed(seed)
+    f = sel.fields
+    scores = torch.full(sel.scores.shape, OUTSIDE)
+    for r in range(scores.shape[0]):
+        b = r // sel.h
+        lo, hi, k = int(f["cand_lo"][b]), int(f["cand_hi"][b]), int(f["k"][b])
+        pick = lambda values, n: torch.tensor(values)[torch.randint(0, len(values), (n,), generator=g)]  # noqa: E731
+        scores[r, lo:hi] = pick(OTHER_VALUES, hi - lo)
+        scores[r, lo + torch.randperm(hi - lo, generator=g)[:k]] = pick(TAKEN_VALUES, min(k, hi - lo))
+    return scores
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_bucket_of_exactly_the_keys_needed_is_taken_whole(K, variant):
+    """Rows in every top-k tier whose k best share the first round's bucket with nothing else (ties at its lower
+    edge among them): the pages are ``select_pages``' (a variant that stops its rounds there takes the bucket
+    whole, so its equal keys too)."""
+    case, schedules = _split_case(SPLIT_CANDIDATES, SPLIT_BUDGETS)
+    sel = _selection(K, case, schedules, torch.float32, variant=variant)
+    sel.scores.copy_(_bucket_scores(sel, seed=31))
+    sel.select_write()
+    assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
+
+
 def test_wide_variant_splits_only_past_its_rows(K):
     """``short8_hist40_wide`` is ``fine_hist64``'s one launch below WIDE_FROM_ROWS rows (batch 16: 128 rows,
     where the short rows' launch only adds its own), ``short8_hist40``'s two from there on."""
@@ -230,7 +262,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_digit_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -244,7 +276,7 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     for sel in (one, two):
         sel.lm[loc // PS] = 7.0
         sel.scores.fill_(OUTSIDE)
-    assert K.TOPK_VARIANTS[variant].fuses(one.scores.shape[0]) == (variant == "fused_hist64")
+    assert K.TOPK_VARIANTS[variant].fuses(one.scores.shape[0]) == variant.startswith("fused")
     one.select(loc)
     two.score(loc)
     two.select_write()

@@ -27,8 +27,9 @@ def _compile_row_kernel(variant: str):
 
 
 @pytest.mark.timeout(300)
-def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm():
-    kernel, options = _compile_row_kernel("fused_hist64")
+@pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_digit_narrow"])  # without / with the loop's histogram
+def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
+    kernel, options = _compile_row_kernel(variant)
     threads = options["num_warps"] * 32
     assert options["maxnreg"] * threads * 2 <= SM_REGISTERS
     assert 2 * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
