@@ -26,8 +26,7 @@ from torch import Tensor
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
-    SELECT_ROWS, TOPK_VARIANTS, first_digit_histogram, resolve_variant, select_and_write, select_launches, select_row,
-    tier_launch,
+    SELECT_ROWS, TOPK_VARIANTS, resolve_variant, select_and_write, select_launches, select_row, tier_launch,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
@@ -194,21 +193,16 @@ def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               PS: tl.constexpr, BLOCK_P: tl.constexpr, DIGIT: tl.constexpr):
+               PS: tl.constexpr, BLOCK_P: tl.constexpr):
     """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s. The
     loop is software-pipelined (ROW_STAGES): the page ids and landmarks of the next tiles copy asynchronously
-    into shared memory while this tile is reduced. Returns (DIGIT) the top-k's first histogram of those scores
-    (``TopKVariant.digit_while_scoring``), else zeros."""
+    into shared memory while this tile is reduced."""
     qs = _group_query_sum(q_ptr, b, h, H, G, D)
     offs = tl.arange(0, BLOCK_P)
-    first = tl.zeros([256], tl.int32)
     for start in tl.range(lo, hi, BLOCK_P, num_stages=ROW_STAGES):
         j = start + offs
-        sc = _landmark_scores(_landmark_tile(lm_ptr, _tile_pages(row_r2t, j, hi, PS), j, hi, h, H, D), qs, G)
-        tl.store(out + j, sc, mask=j < hi)
-        if DIGIT:
-            first += first_digit_histogram(sc, j < hi)
-    return first
+        lm = _landmark_tile(lm_ptr, _tile_pages(row_r2t, j, hi, PS), j, hi, h, H, D)
+        tl.store(out + j, _landmark_scores(lm, qs, G), mask=j < hi)
 
 
 @triton.jit
@@ -218,10 +212,10 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                 SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr,
                 CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr,
                 TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr,
-                FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, DIGIT: tl.constexpr):
+                FINE_TAIL: tl.constexpr, EXIT: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
-    thread's score stores visible to the block (DIGIT: the top-k's first histogram built while scoring)."""
+    thread's score stores visible to the block."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -232,13 +226,12 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    first = _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS,
-                       BLOCK_P, DIGIT)
+    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P)
     if SELECT:
         tl.debug_barrier()
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                   tl.load(k_ptr + b), lo, hi, first, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
-                   TAILS, BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, DIGIT, True, True)
+                   tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, True, True)
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
@@ -247,21 +240,14 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     buffer) the selection too. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
-    consts, options = row_launch(variant, select is not None)
+    consts, options = tier_launch(variant)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
         cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
-        UPDATE=k_buf is not None, **consts, **options)
-
-
-def row_launch(variant: str | None, select: bool = True) -> tuple[dict, dict]:
-    """``_row_kernel``'s top-k constants (``tier_launch``'s, SELECT, DIGIT) and launch options for a fused variant."""
-    consts, options = tier_launch(variant)
-    digit = select and TOPK_VARIANTS[resolve_variant(variant)].digit_while_scoring
-    return {**consts, "SELECT": select, "DIGIT": digit}, options
+        UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,

@@ -53,15 +53,14 @@ class TopKVariant:
     # Histogram rounds (bits 8) stop at the first round whose digit's bucket holds exactly the keys still needed:
     # then every key from the bucket's lower edge up is taken, whatever the lower bits (at 2K random-like scores
     # a bucket of 24 bits holds one key, so the fourth round almost never runs, the third often not).
+    # Call 26's bench: selection at batch 16 falls 1.3-2.9 us a layer, at batch 64 5-7 us (the top-k by a fifth).
+    # (Building the first round's histogram in the fused row loop instead, from the scores in registers, made that
+    # loop 1.6-2.6x slower at batch 16: a histogram per tile stalls the stream. Not offered.)
     exit_early: bool = False
-    # Fused only: the row loop builds the first round's histogram (the keys' top 8 bits) from the scores it has in
-    # registers, so the top-k after it starts at the second round.
-    digit_while_scoring: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
-        assert not self.digit_while_scoring or (self.fused and self.bits == 8), "a fused row loop's histogram"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -83,11 +82,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                     short_from_rows=WIDE_FROM_ROWS),
                  "fused_exit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
                                                   fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True),
-                 "fused_exit_digit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                        fused_max_rows=WIDE_FROM_ROWS, short_warps=8,
-                                                        short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS,
-                                                        exit_early=True, digit_while_scoring=True)}
+                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -117,8 +112,7 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
 # streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
 # per SM), ``short8_hist40_wide``'s two launches past it. ``fused_exit_narrow``: that whose histogram rounds stop
-# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch;
-# ``fused_exit_digit_narrow``: that whose fused row loop also builds the first round's histogram while it scores.
+# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch.
 # All select ``select_pages``' pages.
 
 
@@ -133,21 +127,10 @@ def resolve_variant(variant: str | None) -> str:
 @triton.jit
 def _ukey(scores_ptr, j, m):
     """Order-preserving unsigned key of fp32 scores (int64 in [0, 2**32)); -1 where masked."""
-    return tl.where(m, order_key(tl.load(scores_ptr + j, mask=m, other=0.0)), -1)
-
-
-@triton.jit
-def order_key(score):
-    """Order-preserving unsigned key (int64 in [0, 2**32)) of fp32 ``score``s: -0.0 ties with +0.0."""
-    bits = score.to(tl.int32, bitcast=True)
-    bits = tl.where(bits == -2147483648, 0, bits)
-    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
-
-
-@triton.jit
-def first_digit_histogram(score, m):
-    """[256] counts of the first radix round's digit (the key's top 8 bits) of the fp32 ``score``s where ``m``."""
-    return tl.histogram((order_key(score) >> 24).to(tl.int32), 256, mask=m)
+    bits = tl.load(scores_ptr + j, mask=m, other=0.0).to(tl.int32, bitcast=True)
+    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties with +0.0
+    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
+    return tl.where(m, key, -1)
 
 
 @triton.jit
@@ -172,20 +155,19 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
         mine = k >= 0  # every row
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                   k, lo, hi, k, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, False, PART != 2, PART != 1)
+                   k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
+                   FINE_ROW, FINE_TAIL, EXIT, PART != 2, PART != 1)
 
 
 @triton.jit
 def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-               k, lo, hi, first, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+               k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
-               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, FIRST: tl.constexpr,
-               SHORT: tl.constexpr, LONG: tl.constexpr):
+               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, SHORT: tl.constexpr,
+               LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past). FIRST: ``first`` is the first round's histogram of the row's keys
-    (``first_digit_histogram``; unread otherwise); EXIT: ``TopKVariant.exit_early``."""
+    FINE, FINE's; LONG: MEDIUM and past); EXIT: ``TopKVariant.exit_early``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -207,52 +189,49 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if not SHORT:
-            _topk_long(scores, lo, hi, k, row, out + s, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, FIRST)
+            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, SMALL, 0, BITS, EXIT, FIRST)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, FINE_ROW, 0, BITS, EXIT, FIRST)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, first, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT,
-                               FIRST)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT)
         elif LONG:
-            _topk_long(scores, lo, hi, k, row, out + s, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, FIRST)
+            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT)
 
 
 @triton.jit
-def _topk_long(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-               FIRST: tl.constexpr):
+               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, 0, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT)
     elif TAILS:
-        _topk_past_medium(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                          TAIL_C, BITS, EXIT, FIRST)
+        _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                          TAIL_C, BITS, EXIT)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, LARGE, 0, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
-def _topk_past_medium(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr,
+def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr,
                       MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                      TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-                      FIRST: tl.constexpr):
+                      TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_A, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_B, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, MEDIUM, TAIL_C, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, first, H, PS, LARGE, 0, BITS, EXIT, FIRST)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -286,13 +265,12 @@ def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constex
 
 
 @triton.jit
-def _topk_in_registers(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
-                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, FIRST: tl.constexpr):
+def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
-    rounds of a 256-bin histogram of the keys still in the running; FIRST: the first one given, ``first``;
-    EXIT: none after a round whose bucket holds exactly the keys still needed)."""
+    rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket holds exactly the keys still needed)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
     if TAIL > 0:
@@ -306,12 +284,9 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, first, H: tl.constexpr, P
         shift = 32 - BITS * (rnd + 1)
         if BITS == 8:
             if exact == 0:  # else the bucket is taken whole: its keys' lower bits decide nothing
-                if FIRST and rnd == 0:
-                    hist = first
-                else:
-                    hist = _bucket_histogram(key, prefix, shift)
-                    if TAIL > 0:
-                        hist += _bucket_histogram(key2, prefix, shift)
+                hist = _bucket_histogram(key, prefix, shift)
+                if TAIL > 0:
+                    hist += _bucket_histogram(key2, prefix, shift)
                 prefix, n_gt, exact = _histogram_round(hist, k, n_gt, prefix, shift)
                 if not EXIT:
                     exact = tl.zeros([], tl.int32)

@@ -24,7 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow", "fused_exit_digit_narrow")
+            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -262,7 +262,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_digit_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -289,13 +289,18 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
 def test_fused_variants_fuse_up_to_their_rows(K):
     """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_narrow`` up to one wave of
     its programs (WIDE_FROM_ROWS rows: 2 per SM on 132 SMs), past it ``short8_hist40_wide``'s two launches; the
-    split variants never."""
+    split variants never. ``fused_exit_narrow`` is the same with the early exit in every launch."""
     narrow = K.TOPK_VARIANTS["fused_hist64_narrow"]
     rows = narrow.fused_max_rows
     assert rows == 264 and K.TOPK_VARIANTS["fused_hist64"].fuses(10**6)
     assert narrow.fuses(rows) and not narrow.fuses(rows + 1)
     assert K.select_launches("fused_hist64_narrow", rows + 1) == K.select_launches("short8_hist40_wide", rows + 1)
     assert not any(K.TOPK_VARIANTS[v].fuses(1) for v in VARIANTS if not v.startswith("fused"))
+    exits = K.TOPK_VARIANTS["fused_exit_narrow"]
+    assert exits.fuses(rows) and not exits.fuses(rows + 1) and exits.exit_early and not narrow.exit_early
+    wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
+    assert K.select_launches("fused_exit_narrow", rows + 1) == wide
+    assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
 
 
 def test_variants_are_the_module_s():
