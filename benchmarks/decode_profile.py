@@ -40,7 +40,7 @@ from sparrow_server.sparsity.schedule import kv_budget_tokens  # noqa: E402
 # FlashInfer's decode kernels: CUDA-core (BatchDecode...), tensor-core (its prefill kernel, which SGLang runs for
 # decode from a GQA group of 4, and which sparrow runs then too), and the merge of split-KV partial states.
 ATTN_RE = re.compile(r"BatchDecode|BatchPrefillWithPagedKVCache|MergeStates", re.I)
-SELECT_RE = re.compile(r"_score_kernel|_select_kernel|_landmark_kernel")
+SELECT_RE = re.compile(r"_score_kernel|_select_kernel|_landmark_kernel|_row_kernel")  # _row_kernel: fused variants
 
 
 def kernel_class(name: str) -> str:

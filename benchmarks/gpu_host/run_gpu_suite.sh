@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suite (tests/gpu/) on a GPU host, in parts that each fit one device call (< 9 min):
 #   R=<repo root holding .kit and .whl> OUT=<returned folder> bash benchmarks/gpu_host/run_gpu_suite.sh PART
-# PART all (2 GPUs, the whole suite in one command): serving, service, kernel, cross-engine, dense-layers,
-#         exact-acceptance and deterministic tests on GPU 0, trainer compat and GQA-group-4 on GPU 1, the TP tests on both, all
+# PART all (2 GPUs, the whole suite in one command): serving, service, cross-engine, dense-layers,
+#         exact-acceptance and deterministic tests on GPU 0, kernel, trainer compat and GQA-group-4 on GPU 1, the TP tests on both, all
 #         at once (every server caps its KV pool or sizes it from the memory free at its start; trainer compat
 #         measures what its server frees from NVML's per-process counts, so it need not have its card alone).
 # On one GPU, two commands:
@@ -13,7 +13,7 @@
 #         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
-# PART serving | service | dense_layers | exact_acceptance | deterministic | grouped | tp: that module alone (GPU $SUITE_GPU,
+# PART serving | service | kernels | dense_layers | exact_acceptance | deterministic | grouped | tp: that module alone (GPU $SUITE_GPU,
 #         default 0; the TP module on GPUs 0,1), e.g. beside a breaks part or a benchmark on the other card
 #         (CUDA_VISIBLE_DEVICES is set per module, so only SUITE_GPU moves it).
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
@@ -71,7 +71,8 @@ case "$PART" in
   all)
     [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
     MODULE_TIMEOUT_S=${MODULE_TIMEOUT_S:-480}  # the whole command stays inside one device call (< 9 min)
-    module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
+    # the kernel module on GPU 1: beside the seven GPU-0 modules it ran past 540 s in call 26 (63 tests, 163 s alone)
+    module 0 sglang_serving & module 0 sglang_service & module 1 sparse_kernels & module 0 cross_engine &
     module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 1 sglang_trainer_compat &
     module 1 grouped_query_heads & module 0,1 sglang_tp & wait ;;
   1)
@@ -81,6 +82,7 @@ case "$PART" in
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
   serving) module "$G" sglang_serving ;;
+  kernels) module "$G" sparse_kernels ;;
   dense_layers) module "$G" dense_layers ;;
   exact_acceptance) module "$G" exact_acceptance ;;
   deterministic) module "$G" deterministic ;;

@@ -25,7 +25,7 @@ def test_every_flashinfer_decode_kernel_is_attention():
     D = _profile()
     for name in (TENSOR_CORE, CUDA_CORE, "void flashinfer::PersistentVariableLengthMergeStatesKernel<8u>(...)"):
         assert D.kernel_class(name) == "attention", name
-    assert D.kernel_class("_score_kernel") == "selection"
+    assert D.kernel_class("_score_kernel") == D.kernel_class("_row_kernel") == "selection"  # split and fused
     assert D.kernel_class("nvjet_sm90_tst_192x48_64x7_4x1_v_bz_TNT") == "other"
 
 
