@@ -270,7 +270,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
-    rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket holds exactly the keys still needed)."""
+    rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
+    holds exactly the keys still needed)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
     if TAIL > 0:
