@@ -57,12 +57,6 @@ class TopKVariant:
     # (Building the first round's histogram in the fused row loop instead, from the scores in registers, made that
     # loop 1.6-2.6x slower at batch 16: a histogram per tile stalls the stream. Not offered.)
     exit_early: bool = False
-    # ``tails``' first tier past MEDIUM (None: SELECT_TAILS[0], 256 lanes). Call 26's bench at batch 16 (16 warps, 512
-    # threads a row): the top-k of a row of 2,061 candidates (2,048 + 256 lanes) took 17.6 us, of 2,557 (2,048 + 512)
-    # 15.1, and the early exit saved 0.4 us at the first against 2.5 at the second: a 256-lane block is the one
-    # tensor smaller than the program's threads (each key held twice). 512 makes rows of 2,049 to 2,304 candidates
-    # take the 512-lane tail; not measured yet.
-    first_tail: int | None = None
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -88,11 +82,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                     short_from_rows=WIDE_FROM_ROWS),
                  "fused_exit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
                                                   fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True),
-                 "fused_exit_tail512_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                          fused_max_rows=WIDE_FROM_ROWS, short_warps=8,
-                                                          short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS,
-                                                          exit_early=True, first_tail=SELECT_TAILS[1])}
+                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -122,8 +112,7 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
 # streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
 # per SM), ``short8_hist40_wide``'s two launches past it. ``fused_exit_narrow``: that whose histogram rounds stop
-# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch;
-# ``fused_exit_tail512_narrow``: that whose first tail past 2048 is 512 lanes (TopKVariant.first_tail).
+# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch.
 # All select ``select_pages``' pages.
 
 
@@ -369,9 +358,8 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     tiers) and the launch options (warps, register cap)."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                  TAIL_A=v.first_tail or SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2],
-                  TAILS=v.tails, BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1],
-                  EXIT=v.exit_early)
+                  TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
+                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 

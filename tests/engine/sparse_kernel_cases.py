@@ -24,8 +24,7 @@ SINK, RECENT = 1, 2  # fixed_budget_schedule's reserved pages
 OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untouched entries keep it
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
-            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_exit_tail512_narrow")
+            "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -302,9 +301,6 @@ def test_fused_variants_fuse_up_to_their_rows(K):
     wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
     assert K.select_launches("fused_exit_narrow", rows + 1) == wide
     assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
-    tail512 = [({**c, "TAIL_A": 512}, o) for c, o in K.select_launches("fused_exit_narrow", rows + 1)]
-    assert K.select_launches("fused_exit_tail512_narrow", rows + 1) == tail512  # rows of 2049-2304 on 512 lanes
-    assert K.tier_launch("fused_exit_tail512_narrow")[0] == {**K.tier_launch("fused_exit_narrow")[0], "TAIL_A": 512}
 
 
 def test_variants_are_the_module_s():
