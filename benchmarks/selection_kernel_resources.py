@@ -3,16 +3,20 @@ for a GPU target (no GPU needed: Triton's bundled ptxas and cuobjdump). Occupanc
 them: a score program has 8 warps, a select program 16 (65536 registers per SM: at 128 registers one select
 program fills an SM; ``fine_hist64`` / ``fine_hist40`` cap them for 2 or 3); a fused variant's row program
 (scoring and top-k in one launch) has the select program's warps and cap.
-Usage: python benchmarks/selection_kernel_resources.py [--arch 90] [--pcap 2560]
+With ``--tiers``, instead: each register tier of the histogram top-k compiled alone (a 16-warp program under 64
+registers, as the fused row kernel runs it), its SASS instructions, block barriers and shared-memory atomics.
+Usage: python benchmarks/selection_kernel_resources.py [--arch 90] [--pcap 2560] [--tiers]
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import tempfile
 
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -61,11 +65,49 @@ def kernel_resources(kernel) -> str:
     return next(line.strip() for line in out.splitlines() if "REG:" in line)
 
 
+@triton.jit
+def _one_tier(scores_ptr, r2t_ptr, out_ptr, k_ptr, lo_ptr, hi_ptr, PS: tl.constexpr, ROW: tl.constexpr,
+              TAIL: tl.constexpr, EXIT: tl.constexpr):
+    """One register tier of the histogram top-k (``topk._topk_in_registers``, 8-bit rounds), alone in a kernel."""
+    topk._topk_in_registers(scores_ptr, tl.load(lo_ptr), tl.load(hi_ptr), tl.load(k_ptr), r2t_ptr, out_ptr, 0, 8, PS,
+                            ROW, TAIL, 8, EXIT)
+
+
+TIER_TYPES = dict(scores_ptr="*fp32", r2t_ptr="*i32", out_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32")
+
+
+def tier_sass_counts(row: int, tail: int, exit_early: bool, arch: int) -> dict:
+    """SASS instructions, BAR.SYNC and ATOMS of one top-k tier (ROW + TAIL lanes) as the fused row kernel runs it."""
+    kernel = compile_kernel(_one_tier, TIER_TYPES, dict(PS=16, ROW=row, TAIL=tail, EXIT=exit_early),
+                            {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    return {"instructions": len(ins), "barriers": sum("BAR.SYNC" in i for i in ins),
+            "shared_atomics": sum("ATOMS" in i for i in ins), "resources": kernel_resources(kernel)}
+
+
+def print_tiers(arch: int) -> None:
+    tiers = [(topk.SELECT_FINE[0], 0), (topk.SELECT_FINE[0], topk.SELECT_FINE[1]), (topk.SELECT_ROWS[1], 0),
+             *((topk.SELECT_ROWS[1], t) for t in topk.SELECT_TAILS)]
+    for row, tail in tiers:
+        c = tier_sass_counts(row, tail, True, arch)
+        print(f"tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} BAR.SYNC, "
+              f"{c['shared_atomics']} ATOMS; {c['resources']}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--pcap", type=int, default=2560, help="server context length in pages (sets even's grid)")
+    ap.add_argument("--tiers", action="store_true", help="the top-k's register tiers alone: SASS counts")
     a = ap.parse_args()
+    if a.tiers:
+        print_tiers(a.arch)
+        return
     for v in K.SELECT_VARIANTS:
         even = v != "v1"
         nprog = K.score_programs(a.pcap, v)
