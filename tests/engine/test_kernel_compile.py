@@ -34,3 +34,15 @@ def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     assert options["maxnreg"] * threads * 2 <= SM_REGISTERS
     assert 2 * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
     assert kernel.metadata.shared >= 2 * 128 * 128 * 2  # the row loop's pipeline: two landmark tiles in flight
+
+
+@pytest.mark.timeout(300)
+def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
+    """``selection_kernel_resources.py --tiers`` compiles a top-k tier alone (its call into the kernel's tier
+    function must follow that function's signature) and counts its block barriers: a second register block adds
+    its own reductions."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_kernel_resources as res
+
+    one, two = (res.tier_sass_counts(1024, tail, True, 90) for tail in (0, 512))
+    assert 0 < one["barriers"] < two["barriers"] and one["instructions"] < two["instructions"]
