@@ -67,18 +67,20 @@ def kernel_resources(kernel) -> str:
 
 @triton.jit
 def _one_tier(scores_ptr, r2t_ptr, out_ptr, k_ptr, lo_ptr, hi_ptr, PS: tl.constexpr, ROW: tl.constexpr,
-              TAIL: tl.constexpr, EXIT: tl.constexpr):
+              TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
     """One register tier of the histogram top-k (``topk._topk_in_registers``, 8-bit rounds), alone in a kernel."""
     topk._topk_in_registers(scores_ptr, tl.load(lo_ptr), tl.load(hi_ptr), tl.load(k_ptr), r2t_ptr, out_ptr, 0, 8, PS,
-                            ROW, TAIL, 8, EXIT)
+                            ROW, TAIL, 8, EXIT, PACKED)
 
 
 TIER_TYPES = dict(scores_ptr="*fp32", r2t_ptr="*i32", out_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32")
 
 
-def tier_sass_counts(row: int, tail: int, exit_early: bool, arch: int) -> dict:
-    """SASS instructions, BAR.SYNC and ATOMS of one top-k tier (ROW + TAIL lanes) as the fused row kernel runs it."""
-    kernel = compile_kernel(_one_tier, TIER_TYPES, dict(PS=16, ROW=row, TAIL=tail, EXIT=exit_early),
+def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
+    """SASS instructions, BAR.SYNC and ATOMS of one top-k tier (ROW + TAIL lanes) of a histogram variant, as the
+    fused row kernel runs it."""
+    v = topk.TOPK_VARIANTS[variant]
+    kernel = compile_kernel(_one_tier, TIER_TYPES, dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed),
                             {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -93,10 +95,11 @@ def tier_sass_counts(row: int, tail: int, exit_early: bool, arch: int) -> dict:
 def print_tiers(arch: int) -> None:
     tiers = [(topk.SELECT_FINE[0], 0), (topk.SELECT_FINE[0], topk.SELECT_FINE[1]), (topk.SELECT_ROWS[1], 0),
              *((topk.SELECT_ROWS[1], t) for t in topk.SELECT_TAILS)]
-    for row, tail in tiers:
-        c = tier_sass_counts(row, tail, True, arch)
-        print(f"tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} BAR.SYNC, "
-              f"{c['shared_atomics']} ATOMS; {c['resources']}", flush=True)
+    for variant in ("fused_exit_narrow", "fused_packed_narrow"):
+        for row, tail in tiers:
+            c = tier_sass_counts(row, tail, variant, arch)
+            print(f"{variant} tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} "
+                  f"BAR.SYNC, {c['shared_atomics']} ATOMS; {c['resources']}", flush=True)
 
 
 def main() -> None:

@@ -57,10 +57,16 @@ class TopKVariant:
     # (Building the first round's histogram in the fused row loop instead, from the scores in registers, made that
     # loop 1.6-2.6x slower at batch 16: a histogram per tile stalls the stream. Not offered.)
     exit_early: bool = False
+    # The histogram rounds and the index write in fewer block-wide steps: a round's suffix counts by one reverse
+    # scan (not a sum and a scan) and its digit, exactness and keys above in one packed sum (not three); a
+    # block's write ranks by one scan of packed counts (not two). Offline sm_90 SASS (``--tiers``): the block
+    # barriers of a tier fall (call 26: at one row per SM the top-k is a chain of them). Not measured yet.
+    packed: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
+        assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -82,7 +88,10 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                     short_from_rows=WIDE_FROM_ROWS),
                  "fused_exit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
                                                   fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True)}
+                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True),
+                 "fused_packed_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
+                                                    fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
+                                                    short_from_rows=WIDE_FROM_ROWS, exit_early=True, packed=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -112,7 +121,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # alone, 44.6 + 29.4 us at 16K x 64 in call 23's bench; fused, a row's top-k runs beside another row's
 # streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
 # per SM), ``short8_hist40_wide``'s two launches past it. ``fused_exit_narrow``: that whose histogram rounds stop
-# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch.
+# once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch;
+# ``fused_packed_narrow``: that with the rounds and the write in fewer block-wide steps (TopKVariant.packed).
 # All select ``select_pages``' pages.
 
 
@@ -139,7 +149,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                    TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                    FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                   PART: tl.constexpr):
+                   PACKED: tl.constexpr, PART: tl.constexpr):
     """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
     FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
     launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
@@ -156,7 +166,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, PART != 2, PART != 1)
+                   FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1)
 
 
 @triton.jit
@@ -164,10 +174,10 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
                k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
-               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, SHORT: tl.constexpr,
-               LONG: tl.constexpr):
+               FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
+               SHORT: tl.constexpr, LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past); EXIT: ``TopKVariant.exit_early``."""
+    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED: ``TopKVariant.exit_early``, ``.packed``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -190,30 +200,31 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     if k > 0:
         if not SHORT:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED)
         elif LONG:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED)
 
 
 @triton.jit
 def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
-               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
+               TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
+               PACKED: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED)
     elif TAILS:
         _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                          TAIL_C, BITS, EXIT)
+                          TAIL_C, BITS, EXIT, PACKED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -221,17 +232,18 @@ def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr
 @triton.jit
 def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr,
                       MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                      TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
+                      TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
+                      PACKED: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -266,12 +278,12 @@ def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constex
 
 @triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
-                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr):
+                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
-    holds exactly the keys still needed)."""
+    holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps)."""
     j = lo + tl.arange(0, ROW)
     key = _ukey(scores, j, j < hi)
     if TAIL > 0:
@@ -288,7 +300,10 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
                 hist = _bucket_histogram(key, prefix, shift)
                 if TAIL > 0:
                     hist += _bucket_histogram(key2, prefix, shift)
-                prefix, n_gt, exact = _histogram_round(hist, k, n_gt, prefix, shift)
+                if PACKED:
+                    prefix, n_gt, exact = _histogram_round_packed(hist, k, n_gt, prefix, shift)
+                else:
+                    prefix, n_gt, exact = _histogram_round(hist, k, n_gt, prefix, shift)
                 if not EXIT:
                     exact = tl.zeros([], tl.int32)
         else:
@@ -300,9 +315,33 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
     zero = tl.zeros([], tl.int32)
-    n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
-    if TAIL > 0:
-        _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    if PACKED:
+        n_eq, n_taken = _write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+        if TAIL > 0:
+            _write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    else:
+        n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+        if TAIL > 0:
+            _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+
+
+@triton.jit
+def _write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
+    """``_write_taken`` in one scan (and one sum for the running counts, unused after the last block): a taken key's
+    rank is the keys above ``prefix`` up to it plus the equal ones taken up to it, the first ``need`` of them
+    overall (``n_eq`` before this block). Counts of one block fit 16 bits (at most LARGE keys)."""
+    gt = key > prefix
+    eq = key == prefix
+    upto = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)  # inclusive: above (low 16 bits), equal
+    eq_upto = n_eq + (upto >> 16)
+    take = gt | (eq & (eq_upto <= need))
+    before = tl.minimum(n_eq, need)  # equal keys taken in earlier blocks
+    rank = n_taken + (upto & 0xFFFF) + tl.minimum(eq_upto, need) - before - 1
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+    total = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)
+    n_eq_all = n_eq + (total >> 16)
+    return n_eq_all, n_taken + (total & 0xFFFF) + tl.minimum(n_eq_all, need) - before
 
 
 @triton.jit
@@ -328,6 +367,22 @@ def _histogram_round(hist, k, n_gt, prefix, shift):
     c = tl.arange(0, 256)
     above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
     return prefix + (sel.to(tl.int64) << shift), n_gt + above, (both >= 512).to(tl.int32)
+
+
+@triton.jit
+def _histogram_round_packed(hist, k, n_gt, prefix, shift):
+    """``_histogram_round`` in one scan and one reduction: digits with at least ``need`` live keys at or above
+    them (sel + 1), digits with exactly ``need`` (the bucket is exact iff any), and the live keys above sel's
+    bucket (those of the digits with fewer than ``need`` at or above them), packed in 9 + 9 + 13 bits (at most
+    256 digits and LARGE keys)."""
+    need = k - n_gt
+    at_least = tl.cumsum(hist, axis=0, reverse=True)  # live keys with digit >= c
+    fewer = at_least < need
+    packed = tl.sum((~fewer).to(tl.int32) + ((at_least == need).to(tl.int32) << 9) + (tl.where(fewer, hist, 0) << 18),
+                    axis=0)
+    sel = (packed & 511) - 1
+    exact = (((packed >> 9) & 511) > 0).to(tl.int32)
+    return prefix + (sel.to(tl.int64) << shift), n_gt + (packed >> 18), exact
 
 
 @triton.jit
@@ -359,7 +414,8 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
-                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early)
+                  BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
+                  PACKED=v.packed)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 

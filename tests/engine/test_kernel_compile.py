@@ -27,7 +27,7 @@ def _compile_row_kernel(variant: str):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow"])  # without / with the early exit
+@pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     kernel, options = _compile_row_kernel(variant)
     threads = options["num_warps"] * 32
@@ -44,5 +44,7 @@ def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import selection_kernel_resources as res
 
-    one, two = (res.tier_sass_counts(1024, tail, True, 90) for tail in (0, 512))
+    one, two = (res.tier_sass_counts(1024, tail, "fused_exit_narrow", 90) for tail in (0, 512))
     assert 0 < one["barriers"] < two["barriers"] and one["instructions"] < two["instructions"]
+    packed = res.tier_sass_counts(1024, 512, "fused_packed_narrow", 90)
+    assert packed["barriers"] < two["barriers"]  # what the packed steps are for
