@@ -30,7 +30,7 @@ TRAINER = "tests/gpu/test_sglang_trainer_compat.py"
 BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
-TOPK = "sparrow_server/kernels/topk.py"
+RADIX = "sparrow_server/kernels/radix.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
 LAYER_PLANS = "sparrow_server/sglang_plugin/scheduler/layer_plans.py"
 DETERMINISM = "sparrow_server/sglang_plugin/scheduler/determinism.py"
@@ -85,7 +85,7 @@ BREAKS = (
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
     Break("radix_exit_at_any_bucket", "the top-k's histogram rounds stop after the first whatever its bucket holds "
-          "(the whole bucket taken: more pages than k)", TOPK, "(both >= 512).to(tl.int32)", "(both >= 0).to(tl.int32)",
+          "(the whole bucket taken: more pages than k)", RADIX, "(both >= 512).to(tl.int32)", "(both >= 0).to(tl.int32)",
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",

@@ -13,6 +13,8 @@ import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
+from sparrow_server.kernels.radix import (bucket_histogram, count_at_least, histogram_round, histogram_round_packed,
+                                          radix_round, ukey, write_taken, write_taken_packed)
 
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
@@ -135,15 +137,6 @@ def resolve_variant(variant: str | None) -> str:
 
 
 @triton.jit
-def _ukey(scores_ptr, j, m):
-    """Order-preserving unsigned key of fp32 scores (int64 in [0, 2**32)); -1 where masked."""
-    bits = tl.load(scores_ptr + j, mask=m, other=0.0).to(tl.int32, bitcast=True)
-    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties with +0.0
-    key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64) + 2147483648
-    return tl.where(m, key, -1)
-
-
-@triton.jit
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
                    indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
@@ -249,34 +242,6 @@ def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.co
 
 
 @triton.jit
-def _radix_round(counts, k, prefix, shift, NT: tl.constexpr):
-    """One round of the k-th largest key search over NT = 2**bits digits: (new prefix, keys >= new
-    prefix + 1, which is the count above the threshold after the last round)."""
-    c = tl.arange(0, NT).to(tl.int64)
-    sel = tl.sum((counts >= k).to(tl.int32), axis=0)   # counts fall with c; c = -1 (the prefix) holds k
-    return prefix + (sel.to(tl.int64) << shift), tl.sum(tl.where(c == sel, counts, 0), axis=0)
-
-
-@triton.jit
-def _count_at_least(key, thr):
-    """[NT] counts of ``key`` >= each threshold."""
-    return tl.sum((key[:, None] >= thr[None, :]).to(tl.int32), axis=0)
-
-
-@triton.jit
-def _write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
-    """Write the page ids of the keys above ``prefix`` and of the first ``need`` equal to it (after
-    ``n_eq`` equal ones before this block), at ranks from ``n_taken``: page order. Returns the
-    running (n_eq, n_taken)."""
-    eq = key == prefix
-    take = (key > prefix) | (eq & (n_eq + tl.cumsum(eq.to(tl.int32), axis=0) <= need))
-    rank = n_taken + tl.cumsum(take.to(tl.int32), axis=0) - 1
-    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    tl.store(out + rank, slot * H + h, mask=take)
-    return n_eq + tl.sum(eq.to(tl.int32), axis=0), n_taken + tl.sum(take.to(tl.int32), axis=0)
-
-
-@triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
                        TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
@@ -285,10 +250,10 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
     holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps)."""
     j = lo + tl.arange(0, ROW)
-    key = _ukey(scores, j, j < hi)
+    key = ukey(scores, j, j < hi)
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
-        key2 = _ukey(scores, j2, j2 < hi)
+        key2 = ukey(scores, j2, j2 < hi)
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
@@ -297,92 +262,32 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
         shift = 32 - BITS * (rnd + 1)
         if BITS == 8:
             if exact == 0:  # else the bucket is taken whole: its keys' lower bits decide nothing
-                hist = _bucket_histogram(key, prefix, shift)
+                hist = bucket_histogram(key, prefix, shift)
                 if TAIL > 0:
-                    hist += _bucket_histogram(key2, prefix, shift)
+                    hist += bucket_histogram(key2, prefix, shift)
                 if PACKED:
-                    prefix, n_gt, exact = _histogram_round_packed(hist, k, n_gt, prefix, shift)
+                    prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
                 else:
-                    prefix, n_gt, exact = _histogram_round(hist, k, n_gt, prefix, shift)
+                    prefix, n_gt, exact = histogram_round(hist, k, n_gt, prefix, shift)
                 if not EXIT:
                     exact = tl.zeros([], tl.int32)
         else:
             thr = prefix + ((c + 1) << shift)
-            counts = _count_at_least(key, thr)
+            counts = count_at_least(key, thr)
             if TAIL > 0:
-                counts += _count_at_least(key2, thr)
-            prefix, n_gt = _radix_round(counts, k, prefix, shift, 1 << BITS)
+                counts += count_at_least(key2, thr)
+            prefix, n_gt = radix_round(counts, k, prefix, shift, 1 << BITS)
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
     zero = tl.zeros([], tl.int32)
     if PACKED:
-        n_eq, n_taken = _write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+        n_eq, n_taken = write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
         if TAIL > 0:
-            _write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+            write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
     else:
-        n_eq, n_taken = _write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+        n_eq, n_taken = write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
         if TAIL > 0:
-            _write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
-
-
-@triton.jit
-def _write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
-    """``_write_taken`` in one scan (and one sum for the running counts, unused after the last block): a taken key's
-    rank is the keys above ``prefix`` up to it plus the equal ones taken up to it, the first ``need`` of them
-    overall (``n_eq`` before this block). Counts of one block fit 16 bits (at most LARGE keys)."""
-    gt = key > prefix
-    eq = key == prefix
-    upto = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)  # inclusive: above (low 16 bits), equal
-    eq_upto = n_eq + (upto >> 16)
-    take = gt | (eq & (eq_upto <= need))
-    before = tl.minimum(n_eq, need)  # equal keys taken in earlier blocks
-    rank = n_taken + (upto & 0xFFFF) + tl.minimum(eq_upto, need) - before - 1
-    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    tl.store(out + rank, slot * H + h, mask=take)
-    total = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)
-    n_eq_all = n_eq + (total >> 16)
-    return n_eq_all, n_taken + (total & 0xFFFF) + tl.minimum(n_eq_all, need) - before
-
-
-@triton.jit
-def _bucket_histogram(key, prefix, shift):
-    """[256] counts of the next 8-bit digit (at ``shift``) of the keys whose higher bits equal
-    ``prefix``'s (all valid keys in the first round, ``shift`` 24)."""
-    live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
-    return tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=live)
-
-
-@triton.jit
-def _histogram_round(hist, k, n_gt, prefix, shift):
-    """One 8-bit round: the digit holding the k-th largest key among the live ones (``k - n_gt``-th
-    of them: ``n_gt`` keys are above the live bucket). Returns (prefix, keys above the new bucket, 1 if
-    the new bucket holds exactly the ``k - n_gt`` keys still needed, else 0)."""
-    need = k - n_gt
-    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # live keys with digit >= c
-    # at_least falls with c and is >= need at c = 0: sel is the last digit where it is; at_least[sel] == need
-    # iff some digit has at_least == need (those digits are sel and the empty buckets just below it). One
-    # reduction counts both: the first in the low 9 bits (at most 256), the second above them.
-    both = tl.sum((at_least >= need).to(tl.int32) + (at_least == need).to(tl.int32) * 512, axis=0)
-    sel = (both & 511) - 1
-    c = tl.arange(0, 256)
-    above = tl.sum(tl.where(c == sel, at_least - hist, 0), axis=0)
-    return prefix + (sel.to(tl.int64) << shift), n_gt + above, (both >= 512).to(tl.int32)
-
-
-@triton.jit
-def _histogram_round_packed(hist, k, n_gt, prefix, shift):
-    """``_histogram_round`` in one scan and one reduction: digits with at least ``need`` live keys at or above
-    them (sel + 1), digits with exactly ``need`` (the bucket is exact iff any), and the live keys above sel's
-    bucket (those of the digits with fewer than ``need`` at or above them), packed in 9 + 9 + 13 bits (at most
-    256 digits and LARGE keys)."""
-    need = k - n_gt
-    at_least = tl.cumsum(hist, axis=0, reverse=True)  # live keys with digit >= c
-    fewer = at_least < need
-    packed = tl.sum((~fewer).to(tl.int32) + ((at_least == need).to(tl.int32) << 9) + (tl.where(fewer, hist, 0) << 18),
-                    axis=0)
-    sel = (packed & 511) - 1
-    exact = (((packed >> 9) & 511) > 0).to(tl.int32)
-    return prefix + (sel.to(tl.int64) << shift), n_gt + (packed >> 18), exact
+            write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
 
 
 @triton.jit
@@ -397,14 +302,14 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
         thr = prefix + ((c16 + 1) << shift)
         counts = tl.zeros([16], tl.int32)
         for j0 in range(lo, hi, CHUNK):
-            counts += _count_at_least(_ukey(scores, j0 + offs, j0 + offs < hi), thr)
-        prefix, n_gt = _radix_round(counts, k, prefix, shift, 16)
+            counts += count_at_least(ukey(scores, j0 + offs, j0 + offs < hi), thr)
+        prefix, n_gt = radix_round(counts, k, prefix, shift, 16)
     # keys above the threshold, then the earliest equal ones; output in page order
     n_eq = tl.zeros([], tl.int32)
     n_taken = tl.zeros([], tl.int32)
     for j0 in range(lo, hi, CHUNK):
         j = j0 + offs
-        n_eq, n_taken = _write_taken(_ukey(scores, j, j < hi), j, prefix, k - n_gt, n_eq, n_taken, row, out,
+        n_eq, n_taken = write_taken(ukey(scores, j, j < hi), j, prefix, k - n_gt, n_eq, n_taken, row, out,
                                      h, H, PS)
 
 
