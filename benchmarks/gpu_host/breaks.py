@@ -200,11 +200,16 @@ def run_one(brk: Break, gpus: str, port_offset: int, out: Path, timeout_s: float
     (tree / "out").mkdir()
     t0 = time.time()
     with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
+        proc = subprocess.run([sys.executable, "-m", "pytest", *PYTEST_ARGS,
                                f"--basetemp=/tmp/break-{brk.name}-pytest", *brk.tests], cwd=tree, env=env,
                               stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s)
     return {"break": brk.name, "what": brk.what, "file": brk.path,
             **outcome(log.read_text(errors="replace"), proc.returncode), "seconds": round(time.time() - t0, 1)}
+
+
+# -rfE: the short summary names failed and errored tests (call 26's breaks ran -rf: a server that crashed on a break
+# errored in its fixture and went unrecorded)
+PYTEST_ARGS = ("-q", "-p", "no:cacheprovider", "-rfE")
 
 
 def outcome(pytest_log: str, returncode: int) -> dict:

@@ -60,6 +60,19 @@ def test_only_a_failed_check_counts_as_caught():
     assert not outcome("1 passed", 0)["caught"]
 
 
+def test_a_break_s_pytest_run_names_its_failed_and_errored_tests(tmp_path):
+    """The breaks' own pytest arguments on a real pytest run: a fixture's error and a check's failure both reach
+    ``outcome`` (with ``-rf`` alone the errored test went unrecorded)."""
+    mod = _breaks()
+    (tmp_path / "test_x.py").write_text(
+        "import pytest\n\n@pytest.fixture\ndef server():\n    raise ConnectionError('server died')\n\n"
+        "def test_a(server):\n    pass\n\ndef test_b():\n    assert 1 == 2\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", *mod.PYTEST_ARGS, "test_x.py"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)
+    got = mod.outcome(run.stdout, run.returncode)
+    assert got["failed_tests"] == ["test_x.py::test_b"] and got["errored_tests"] == ["test_x.py::test_a"], run.stdout
+
+
 def test_suite_runner_is_valid_bash():
     assert subprocess.run(["bash", "-n", str(ROOT / "benchmarks/gpu_host/run_gpu_suite.sh")]).returncode == 0
 
