@@ -55,7 +55,7 @@ class TopKVariant:
     # Histogram rounds (bits 8) stop at the first round whose digit's bucket holds exactly the keys still needed:
     # then every key from the bucket's lower edge up is taken, whatever the lower bits (at 2K random-like scores
     # a bucket of 24 bits holds one key, so the fourth round almost never runs, the third often not).
-    # Call 26's bench: selection at batch 16 falls 1.3-2.9 us a layer, at batch 64 5-7 us (the top-k by a fifth).
+    # Call 26's bench: selection at batch 16 falls 1.3-2.9 us a layer, at batch 64 3.4-6.7 us (the top-k by 11-22%).
     # (Building the first round's histogram in the fused row loop instead, from the scores in registers, made that
     # loop 1.6-2.6x slower at batch 16: a histogram per tile stalls the stream. Not offered.)
     exit_early: bool = False
