@@ -19,6 +19,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from sparrow_server.commands.demo import free_port  # noqa: F401  (the OS's choice of port; decode_profile.py)
+
 QWEN3_BASE = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 151936, "max_position_embeddings": 40960, "rope_theta": 1000000, "rope_scaling": None,
@@ -130,13 +132,6 @@ def write_lora_adapter(adapter_dir: str | Path, model_dir: str | Path, seed: int
         "target_modules": list(LORA_TARGETS), "bias": "none", "base_model_name_or_path": str(model_dir),
         "fan_in_fan_out": False, "modules_to_save": None, "use_rslora": False}, indent=1))
     return adapter_dir
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the OS's choice), for a server of its own beside others."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_in_use(port: int) -> bool:
