@@ -25,4 +25,6 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # 2.31x, rollout B at 33 requests 2.60x). ``fused_exit_narrow`` (call 26, H200, benchmarks/results/speed/call26/):
 # less than ``fused_hist64_narrow`` in every case of its bench, e.g. batch 16: 35.4 vs 36.8 us at 32K, 40.6 vs 41.9 at
 # 33K, 42.4 vs 44.6 at 40K; batch 34 (272 rows) 73.0 vs 77.4 at 32K; batch 64: 65.8 vs 72.2 at 16K.
-DEFAULT_SELECT_VARIANT = "fused_exit_narrow"
+# ``fused_packed_narrow`` (call 27, H200, benchmarks/results/speed/call27/): the same rounds in fewer block-wide steps,
+# less top-k than ``fused_exit_narrow`` in every case of its bench (batch 16 at 33K: 38.9 vs 41.1 us of selection).
+DEFAULT_SELECT_VARIANT = "fused_packed_narrow"
