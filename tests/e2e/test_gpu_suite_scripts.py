@@ -132,3 +132,22 @@ def test_the_tiny_checkpoint_takes_a_gqa_group_of_four(tmp_path):
         assert list(f.get_slice("model.layers.0.self_attn.o_proj.weight").get_shape()) == [cfg["hidden_size"], 32 * 128]
     default = json.loads((S.write_tiny_checkpoint(tmp_path / "g2") / "config.json").read_text())
     assert default["num_attention_heads"] == 16
+
+
+def _collected(*k_args: str) -> set[str]:
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *k_args,
+                           "tests/gpu/test_sparse_kernels.py"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 5), done.stdout[-2000:] + done.stderr[-2000:]  # 5: every test deselected
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_the_suite_s_kernel_halves_are_the_whole_module_each_test_once():
+    """`run_gpu_suite.sh all` runs the sparse-kernel module as two pytest runs (-k EXPR and -k "not (EXPR)"):
+    together they are every test of the module, neither empty, none in both."""
+    script = (ROOT / "benchmarks/gpu_host/run_gpu_suite.sh").read_text()
+    expr = next(line.split("=", 1)[1].strip('"') for line in script.splitlines()
+                if line.startswith("KERNEL_SHARD_EXPR="))
+    assert '"$KERNEL_SHARD_EXPR"' in script and '"not ($KERNEL_SHARD_EXPR)"' in script
+    whole, half, rest = _collected(), _collected("-k", expr), _collected("-k", f"not ({expr})")
+    assert half and rest and not half & rest
+    assert half | rest == whole and len(whole) > 60
