@@ -88,6 +88,12 @@ BREAKS = (
           "(the whole bucket taken: more pages than k)", RADIX, "(both >= 512).to(tl.int32)", "(both >= 0).to(tl.int32)",
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
+    Break("radix_packed_keys_above_halved", "the packed histogram round counts half the live keys above the chosen "
+          "bucket (fused_packed_narrow, the default since call 27)", RADIX, "n_gt + (packed >> 18), exact",
+          "n_gt + (packed >> 19), exact",
+          (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
+           f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
+           f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",
