@@ -37,15 +37,15 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 # arguments) it takes 48 and v1's 32 (benchmarks/results/speed/selection_kernel_resources.log): the cap binds
 # neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
-# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV head:
-# 32 KB of bf16 landmarks, 16-byte loads; 44 registers, no spill, sm_90): one program per SM must stream its row at
-# about its share of HBM bandwidth.
+# Fused variants (``TopKVariant.fused``) that set none of their own (``TopKVariant.row_block_p``, ``.row_stages``):
+# pages per tile of a row program's scoring loop (128 pages of one KV head: 32 KB of bf16 landmarks, 16-byte loads;
+# 44 registers, no spill, sm_90): one program per SM must stream its row at about its share of HBM bandwidth.
 ROW_BLOCK_P = 128
 # Stages of the row loop's pipeline (Triton's cp.async into shared memory: 2 tiles, 64 KB, in flight while a third
 # is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waited a
 # memory latency per tile (call 25's first bench: 21 GB/s a program at 32K x 16); with it, in the second, selection
 # at batch 16 fell 1.6-3.2 us a layer from 32K tokens on and rose 2.8 us at 16K (fewer tiles than stages to fill).
-ROW_STAGES = tl.constexpr(3)
+ROW_STAGES = 3
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
@@ -193,13 +193,13 @@ def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               PS: tl.constexpr, BLOCK_P: tl.constexpr):
+               PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr):
     """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s. The
-    loop is software-pipelined (ROW_STAGES): the page ids and landmarks of the next tiles copy asynchronously
+    loop is software-pipelined (STAGES): the page ids and landmarks of the next tiles copy asynchronously
     into shared memory while this tile is reduced."""
     qs = _group_query_sum(q_ptr, b, h, H, G, D)
     offs = tl.arange(0, BLOCK_P)
-    for start in tl.range(lo, hi, BLOCK_P, num_stages=ROW_STAGES):
+    for start in tl.range(lo, hi, BLOCK_P, num_stages=STAGES):
         j = start + offs
         lm = _landmark_tile(lm_ptr, _tile_pages(row_r2t, j, hi, PS), j, hi, h, H, D)
         tl.store(out + j, _landmark_scores(lm, qs, G), mask=j < hi)
@@ -208,11 +208,11 @@ def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
-                D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, UPDATE: tl.constexpr,
-                SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr,
-                CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr,
-                TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr,
-                FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
+                D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
+                UPDATE: tl.constexpr, SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
+                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
+                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block."""
@@ -226,12 +226,19 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P)
+    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P,
+               STAGES)
     if SELECT:
         tl.debug_barrier()
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
                    BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, True, True)
+
+
+def row_loop(variant: str | None = None) -> dict:
+    """A fused variant's scoring loop: ``{"BLOCK_P": pages per tile, "STAGES": pipeline stages}``."""
+    v = TOPK_VARIANTS[resolve_variant(variant)]
+    return {"BLOCK_P": v.row_block_p or ROW_BLOCK_P, "STAGES": v.row_stages or ROW_STAGES}
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
@@ -246,7 +253,7 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, **row_loop(variant),
         UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
