@@ -54,15 +54,19 @@ def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
     return kernel_resources(compile_kernel(fn, types, consts, options, arch))
 
 
-def kernel_resources(kernel) -> str:
-    """cuobjdump's resource line of a compiled kernel (its dynamic shared memory, what Triton's pipelines and
-    reductions take, is ``kernel.metadata.shared``)."""
+def cuobjdump(kernel, flag: str) -> str:
+    """What Triton's bundled cuobjdump prints with ``flag`` (``-res-usage``, ``-sass``) for a compiled kernel."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return next(line.strip() for line in out.splitlines() if "REG:" in line)
+        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def kernel_resources(kernel) -> str:
+    """cuobjdump's resource line of a compiled kernel (its dynamic shared memory, what Triton's pipelines and
+    reductions take, is ``kernel.metadata.shared``)."""
+    return next(line.strip() for line in cuobjdump(kernel, "-res-usage").splitlines() if "REG:" in line)
 
 
 @triton.jit
@@ -82,12 +86,7 @@ def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
     v = topk.TOPK_VARIANTS[variant]
     kernel = compile_kernel(_one_tier, TIER_TYPES, dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed),
                             {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ins = [line for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+    ins = [line for line in cuobjdump(kernel, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     return {"instructions": len(ins), "barriers": sum("BAR.SYNC" in i for i in ins),
             "shared_atomics": sum("ATOMS" in i for i in ins), "resources": kernel_resources(kernel)}
 

@@ -6,7 +6,7 @@ wrapper's index buffer. ``sparse_decode`` re-exports what is public here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 import triton.language as tl
@@ -83,6 +83,9 @@ class TopKVariant:
         return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
 
 
+_NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,
+                      short_warps=8, short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS)  # fused_hist64_narrow
+_PACKED = replace(_NARROW, exit_early=True, packed=True)  # fused_packed_narrow
 TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVariant(tails=True),
                  "hist": TopKVariant(bits=8), "fine": TopKVariant(tails=True, fine=True),
                  "fine_hist": TopKVariant(tails=True, fine=True, bits=8),
@@ -93,23 +96,11 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "short8_hist40_wide": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, short_warps=8,
                                                    short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS),
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
-                 "fused_hist64_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                    fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                    short_from_rows=WIDE_FROM_ROWS),
-                 "fused_exit_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                  fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                  short_from_rows=WIDE_FROM_ROWS, exit_early=True),
-                 "fused_packed_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                    fused_max_rows=WIDE_FROM_ROWS, short_warps=8, short_maxnreg=40,
-                                                    short_from_rows=WIDE_FROM_ROWS, exit_early=True, packed=True),
-                 "fused_packed_s4_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                       fused_max_rows=WIDE_FROM_ROWS, short_warps=8,
-                                                       short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS,
-                                                       exit_early=True, packed=True, row_stages=4),
-                 "fused_packed_b64s6_narrow": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True,
-                                                          fused_max_rows=WIDE_FROM_ROWS, short_warps=8,
-                                                          short_maxnreg=40, short_from_rows=WIDE_FROM_ROWS,
-                                                          exit_early=True, packed=True, row_block_p=64, row_stages=6)}
+                 "fused_hist64_narrow": _NARROW,
+                 "fused_exit_narrow": replace(_NARROW, exit_early=True),
+                 "fused_packed_narrow": _PACKED,
+                 "fused_packed_s4_narrow": replace(_PACKED, row_stages=4),
+                 "fused_packed_b64s6_narrow": replace(_PACKED, row_block_p=64, row_stages=6)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
