@@ -37,14 +37,15 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 # arguments) it takes 48 and v1's 32 (benchmarks/results/speed/selection_kernel_resources.log): the cap binds
 # neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
-# Fused variants (``TopKVariant.fused``) that set none of their own (``TopKVariant.row_block_p``, ``.row_stages``):
-# pages per tile of a row program's scoring loop (128 pages of one KV head: 32 KB of bf16 landmarks, 16-byte loads;
-# 44 registers, no spill, sm_90): one program per SM must stream its row at about its share of HBM bandwidth.
+# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV
+# head: 32 KB of bf16 landmarks, 16-byte loads; 44 registers, no spill, sm_90): one program per SM must stream its
+# row at about its share of HBM bandwidth.
 ROW_BLOCK_P = 128
 # Stages of the row loop's pipeline (Triton's cp.async into shared memory: 2 tiles, 64 KB, in flight while a third
 # is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waited a
 # memory latency per tile (call 25's first bench: 21 GB/s a program at 32K x 16); with it, in the second, selection
 # at batch 16 fell 1.6-3.2 us a layer from 32K tokens on and rose 2.8 us at 16K (fewer tiles than stages to fill).
+# Deeper (4 stages of 128 pages, 6 of 64) scored no faster in call 28's bench (within 2% from 32K).
 ROW_STAGES = 3
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
@@ -235,12 +236,6 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                    BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, True, True)
 
 
-def row_loop(variant: str | None = None) -> dict:
-    """A fused variant's scoring loop: ``{"BLOCK_P": pages per tile, "STAGES": pipeline stages}``."""
-    v = TOPK_VARIANTS[resolve_variant(variant)]
-    return {"BLOCK_P": v.row_block_p or ROW_BLOCK_P, "STAGES": v.row_stages or ROW_STAGES}
-
-
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
                 select: tuple | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
@@ -253,7 +248,8 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, **row_loop(variant),
+        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        STAGES=ROW_STAGES,
         UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 

@@ -65,13 +65,6 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
-    # A fused launch's scoring loop: pages per tile and pipeline stages (None: ``sparse_decode.ROW_BLOCK_P`` and
-    # ``ROW_STAGES``, 128 and 3). Scoring at batch 16 reads the landmarks at 2.7 TB/s where FlashInfer reads the
-    # selected KV at 3.7-4.1 on the same card (call 27); one program a row has at most stages - 1 tiles in flight,
-    # so a deeper pipeline (4 stages: 100 KB of shared memory, still 2 programs an SM) or smaller tiles over more
-    # stages may read faster. Not measured yet.
-    row_block_p: int | None = None
-    row_stages: int | None = None
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -98,9 +91,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
-                 "fused_packed_narrow": _PACKED,
-                 "fused_packed_s4_narrow": replace(_PACKED, row_stages=4),
-                 "fused_packed_b64s6_narrow": replace(_PACKED, row_block_p=64, row_stages=6)}
+                 "fused_packed_narrow": _PACKED}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -131,9 +122,10 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # streaming on the same SM); ``fused_hist64_narrow``: that up to WIDE_FROM_ROWS rows (one wave of its programs, 2
 # per SM), ``short8_hist40_wide``'s two launches past it. ``fused_exit_narrow``: that whose histogram rounds stop
 # once a bucket holds exactly the keys still needed (TopKVariant.exit_early), in every launch;
-# ``fused_packed_narrow``: that with the rounds and the write in fewer block-wide steps (TopKVariant.packed);
-# ``fused_packed_s4_narrow`` / ``fused_packed_b64s6_narrow``: that whose scoring loop keeps more landmarks in flight
-# (4 stages of 128 pages, 6 of 64: TopKVariant.row_stages, .row_block_p).
+# ``fused_packed_narrow``: that with the rounds and the write in fewer block-wide steps (TopKVariant.packed).
+# Its scoring loop with more landmarks in flight (4 stages of 128 pages, or 6 of 64, against sparse_decode's 3 of
+# 128) scored no faster in call 28's bench (within 2% from 32K at batch 16 and 34, slower at 16K): at one row per SM
+# the read is not set by the tiles in flight. Not offered.
 # All select ``select_pages``' pages.
 
 

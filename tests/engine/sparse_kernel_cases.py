@@ -25,7 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow", "fused_packed_s4_narrow", "fused_packed_b64s6_narrow")
+            "fused_packed_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -263,8 +263,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_packed_b64s6_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
