@@ -94,14 +94,6 @@ BREAKS = (
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
-    Break("paired_halves_gap", "a paired row's second program starts one tile past the first one's end: a tile of "
-          "candidates never scored (fused_paired_narrow)", KERNELS, "tl.where(half == 0, lo, mid)",
-          "tl.where(half == 0, lo, mid + BLOCK_P)",
-          (f"{KERNEL_TESTS}::test_paired_rows_select_on_both_halves_at_every_launch",)),
-    Break("paired_count_kept", "a paired row's counter is not reset after its selection, so the next launch "
-          "(a CUDA-graph replay) selects nothing (fused_paired_narrow)", KERNELS,
-          "        if last:\n            tl.store(done, 0)\n", "",
-          (f"{KERNEL_TESTS}::test_paired_rows_select_on_both_halves_at_every_launch",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

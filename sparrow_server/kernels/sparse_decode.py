@@ -19,7 +19,6 @@ Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -209,89 +208,62 @@ def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl
 
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
-                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, done_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
                 D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                UPDATE: tl.constexpr, SELECT: tl.constexpr, PAIRED: tl.constexpr, SMALL: tl.constexpr,
-                MEDIUM: tl.constexpr,
+                UPDATE: tl.constexpr, SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                 LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                 TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                 FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
-    """One program per (request, KV head) row, or two (PAIRED: each scores half the row's candidate tiles): its head
-    of the landmark this step completes (UPDATE, the first program), its scores, then (SELECT) its top-k and index
-    write on those scores, after a barrier that makes every thread's score stores visible to the block; PAIRED, by
-    the second program to finish, which sees both halves' scores through the row's counter in ``done_ptr``."""
-    half = tl.program_id(0) % 2 if PAIRED else 0
-    r = tl.program_id(0) // 2 if PAIRED else tl.program_id(0)
+    """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
+    scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
+    thread's score stores visible to the block."""
+    r = tl.program_id(0)
     b = r // H
     h = r % H
     if UPDATE:
-        if half == 0:
-            loc = tl.load(loc_ptr + b).to(tl.int64)
-            if loc % PS == PS - 1:  # the partial page is always a recent page, never scored
-                _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
+        loc = tl.load(loc_ptr + b).to(tl.int64)
+        if loc % PS == PS - 1:  # the partial page is always a recent page, never scored
+            _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    mid = tl.minimum(lo + tl.cdiv(tl.cdiv(hi - lo, BLOCK_P), 2) * BLOCK_P, hi) if PAIRED else hi
-    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, tl.where(half == 0, lo, mid),
-               tl.where(half == 0, mid, hi), H, G, D, PS, BLOCK_P, STAGES)
+    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P,
+               STAGES)
     if SELECT:
         tl.debug_barrier()
-        if _last_of_pair(done_ptr + r, PAIRED):
-            select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
-                       r2t_stride, tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, True, True)
-
-
-@triton.jit
-def _last_of_pair(done, PAIRED: tl.constexpr):
-    """Whether this program selects its row: always unpaired; paired, the second of the two to count itself done
-    (acquire-release: the first one's score stores, ordered before its count by the block barrier, are visible
-    to it), which resets the count for the next launch (a CUDA-graph replay reuses it)."""
-    if PAIRED:
-        last = tl.atomic_add(done, 1, sem="acq_rel") == 1
-        if last:
-            tl.store(done, 0)
-    else:
-        last = True
-    return last
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+                   tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, True, True)
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
-                select: tuple | None = None, row_done: Tensor | None = None) -> None:
+                select: tuple | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
-    buffer) the selection too; a paired launch (``TopKVariant.pairs``) counts its rows' programs in ``row_done``
-    (int32 zeros, one a row at least; the launch leaves them zero), a fresh buffer if None. Arguments a launch does
-    not read are passed as ``cand_lo`` (a pointer of its own)."""
+    buffer) the selection too. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
-    paired = TOPK_VARIANTS[variant].pairs(b * h)
-    if paired and select is not None and row_done is None:
-        row_done = torch.zeros(b * h, dtype=torch.int32, device=q.device)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
-    _row_kernel[(b * h * (2 if paired else 1),)](
+    _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, cand_lo if row_done is None else row_done, req_to_token.stride(0), H=h, G=hq // h,
-        D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None,
-        SELECT=select is not None, PAIRED=paired, **consts, **options)
+        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        STAGES=ROW_STAGES,
+        UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
                      row_indptr: Tensor, page_size: int, scores: Tensor, out: Tensor, k_buf: Tensor | None = None,
-                     cache_loc: Tensor | None = None, variant: str | None = None,
-                     row_done: Tensor | None = None) -> None:
+                     cache_loc: Tensor | None = None, variant: str | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
-    Same scores, pages and landmark update either way. ``row_done``: a paired launch's row counters (int32 zeros,
-    a row each, left zero; persistent under CUDA graphs, or each call allocates and zeroes its own)."""
+    Same scores, pages and landmark update either way."""
     variant = resolve_variant(variant)
     f = fields
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), row_done=row_done)
+                    cache_loc, variant, select=(f, row_indptr, out))
         return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
                 cache_loc, variant)

@@ -65,25 +65,15 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
-    # A fused launch of up to this many rows scores each row in two programs, half its candidate tiles each, and the
-    # second of the two to finish (a per-row counter, reset by it for the next launch) runs the row's top-k. Call 28's
-    # bench: the row loop reads 2.7-3.0 TB/s at one program per SM (batch 16: 128 rows on 132 SMs) and 3.14 at two
-    # (batch 34); more tiles in flight per program did not move it. Up to 132 rows (one per SM of an H100 / H200).
-    paired_max_rows: int = 0
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
-        assert not self.paired_max_rows or self.fused, "the paired rows are a fused launch's"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
         return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
-
-    def pairs(self, rows: int) -> bool:
-        """Whether a fused launch of ``rows`` rows scores each in two programs."""
-        return self.fuses(rows) and rows <= self.paired_max_rows
 
 
 _NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,
@@ -101,8 +91,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
-                 "fused_packed_narrow": _PACKED,
-                 "fused_paired_narrow": replace(_PACKED, paired_max_rows=WIDE_FROM_ROWS // 2)}
+                 "fused_packed_narrow": _PACKED}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -136,8 +125,9 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_packed_narrow``: that with the rounds and the write in fewer block-wide steps (TopKVariant.packed).
 # Its scoring loop with more landmarks in flight (4 stages of 128 pages, or 6 of 64, against sparse_decode's 3 of
 # 128) scored no faster in call 28's bench (within 2% from 32K at batch 16 and 34, slower at 16K): at one row per SM
-# the read is not set by the tiles in flight. Not offered. ``fused_paired_narrow``: ``fused_packed_narrow`` whose rows,
-# where they are one per SM or fewer, score in two programs each (TopKVariant.paired_max_rows).
+# the read is not set by the tiles in flight. Not offered. Nor is scoring each row in two programs at one row per SM
+# or fewer, the second to finish running the top-k (a per-row counter, acquire-release): in call 28's bench at batch
+# 16 the scoring fell 3-7% but the selection rose 17-22% (``benchmarks/results/speed/call28/kernel_bench_paired/``).
 # All select ``select_pages``' pages.
 
 
@@ -170,20 +160,21 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     else:
         mine = k >= 0  # every row
     if mine:
-        select_row(tl.program_id(0), scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr,
-                   out_ptr, r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
-                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1)
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+                   k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
+                   FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1)
 
 
 @triton.jit
-def select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
+def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
                SHORT: tl.constexpr, LONG: tl.constexpr):
-    """Row ``r``'s pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
+    """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
     FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED: ``TopKVariant.exit_early``, ``.packed``."""
+    r = tl.program_id(0)
     b = r // H
     h = r % H
     cnt = tl.load(cnt_ptr + b)

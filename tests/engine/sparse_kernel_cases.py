@@ -25,7 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow", "fused_paired_narrow")
+            "fused_packed_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -263,8 +263,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_paired_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -288,25 +287,6 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-def test_paired_rows_select_once_on_both_halves_and_leave_their_counters_zero(K):
-    """``fused_paired_narrow`` at one row per SM or fewer: two programs score each row, the second to finish selects
-    it on both halves' scores (the score buffer starts at OUTSIDE, so a selection before the other half's scores
-    picks other pages), and the launch leaves its row counters zero: the next launch (a CUDA-graph replay) selects
-    the same pages."""
-    case, schedules = _split_case(SPLIT_CANDIDATES, SPLIT_BUDGETS)
-    sel = _dyadic(_selection(K, case, schedules, torch.float32, variant="fused_paired_narrow"))
-    assert K.TOPK_VARIANTS["fused_paired_narrow"].pairs(sel.scores.shape[0])
-    firsts = []
-    for _ in range(2):
-        sel.scores.fill_(OUTSIDE)
-        sel.indices.fill_(-1)
-        sel.select()
-        assert not sel.row_done.any()
-        assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
-        firsts.append(sel.indices.clone())
-    assert torch.equal(*firsts)
-
-
 def test_fused_variants_fuse_up_to_their_rows(K):
     """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_narrow`` up to one wave of
     its programs (WIDE_FROM_ROWS rows: 2 per SM on 132 SMs), past it ``short8_hist40_wide``'s two launches; the
@@ -322,9 +302,6 @@ def test_fused_variants_fuse_up_to_their_rows(K):
     wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
     assert K.select_launches("fused_exit_narrow", rows + 1) == wide
     assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
-    paired = K.TOPK_VARIANTS["fused_paired_narrow"]  # two programs a row up to one row per SM (132 SMs)
-    assert paired.pairs(rows // 2) and not paired.pairs(rows // 2 + 1) and paired.fuses(rows)
-    assert not any(K.TOPK_VARIANTS[v].pairs(1) for v in VARIANTS if v != "fused_paired_narrow")
 
 
 def test_variants_are_the_module_s():

@@ -188,42 +188,6 @@ def test_one_launch_scores_selects_and_updates_as_two_do(variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.startswith("fused") and "paired" in v])
-def test_paired_rows_select_on_both_halves_at_every_launch(variant):
-    """16 requests x 8 KV heads (128 rows: one per SM, where the paired variant scores each row in two programs),
-    rows from 700 to 40,000 tokens: the paired launch writes the scores and pages of the two-launch path, the
-    reference's scores (to fp32 rounding) on both halves of every row, and ``select_pages``' pages on them, selecting
-    after both halves (the score buffer starts at a value no kernel writes, so a selection before the other half's
-    scores picks other pages), and leaves its row counters zero: three launches in a row (a CUDA graph's replays)
-    select the same pages."""
-    from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
-
-    g = torch.Generator().manual_seed(41)
-    lengths = [40000, 33000, 32900, 700] + torch.randint(16500, 36000, (12,), generator=g).tolist()
-    case = make_case(lengths, seed=41)
-    schedules = [fixed_budget_schedule(b) for b in torch.randint(16, 300, (16,), generator=g).tolist()]
-    plan = plan_for(case, schedules[:3] + [dense_schedule()] + schedules[4:], topk_cap_pages=300)
-    lm = _landmarks(case, torch.bfloat16)
-    one, two = (_layer(case, plan, lm.clone(), pcap=40960 // PS, variant=variant) for _ in range(2))
-    assert K.TOPK_VARIANTS[variant].pairs(one.scores.shape[0])
-    two.scores.fill_(-123.25)
-    two.score()
-    two.select_write()
-    for _ in range(3):
-        one.scores.fill_(-123.25)
-        one.indices.fill_(-1)
-        one.select()
-        assert not one.row_done.any()
-        assert torch.equal(one.scores, two.scores) and torch.equal(one.indices, two.indices)
-    f = {k: v.cpu() for k, v in one.fields.items()}
-    want = R.page_scores(case.q.cpu(), one.lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
-                         f["cand_hi"], PS, one.scores.shape[1])
-    inside = torch.isfinite(want)  # every candidate of both halves scored, as the reference scores it
-    torch.testing.assert_close(one.scores.cpu()[inside], want[inside], rtol=1e-4, atol=1e-3)
-    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
-
-
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""

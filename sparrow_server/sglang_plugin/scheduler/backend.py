@@ -83,7 +83,6 @@ class _Step:
     layers: dict            # sparse layer id -> LayerDecode (its fields, row pointers, wrapper)
     indices: torch.Tensor   # int32 FlashInfer page ids (the wrappers' buffer)
     scores: torch.Tensor    # [bs * Hkv, Pcap] float32 (each row read on its candidate range only)
-    row_done: torch.Tensor  # [bs * Hkv] int32 zeros: a paired selection's row counters (each launch leaves them 0)
     rows: np.ndarray        # host: KV row of each request (for the selection debug hook)
     lengths: np.ndarray     # host: tokens attended by each request this step
     real_bs: int
@@ -145,7 +144,6 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.graph_plans = GraphLayerPlans(self.sparse_layers, max_bs, self.num_kv_heads, self.pcap,
                                            use_tensor_cores=self.split_graph.use_tensor_cores)
         self.g_scores = torch.empty(rows, self.pcap, dtype=torch.float32, device="cuda")
-        self.g_row_done = torch.zeros(rows, dtype=torch.int32, device="cuda")
 
     # ---- per-step planning (host) -----------------------------------------------------------
     def init_forward_metadata(self, forward_batch):
@@ -213,12 +211,11 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             if in_capture:
                 self.graph_plans.capture(bs, self.workspace_buffer, plan, plan_args, plan_kwargs)
             layers = self.graph_plans.step(bs, plans, groups, plan_args, plan_kwargs)
-            indices, scores, row_done = self.graph_plans.indices, self.g_scores[:nrows], self.g_row_done[:nrows]
+            indices, scores = self.graph_plans.indices, self.g_scores[:nrows]
         else:
             layers, indices = self.eager_plans.step(bs, plans, groups, plan_args, plan_kwargs)
             scores = torch.empty(nrows, self.pcap, dtype=torch.float32, device="cuda")
-            row_done = torch.zeros(nrows, dtype=torch.int32, device="cuda")
-        self.step = _Step(plan, plans, groups, layers, indices, scores, row_done, rows, lengths, real_bs)
+        self.step = _Step(plan, plans, groups, layers, indices, scores, rows, lengths, real_bs)
 
     def _extra_dense(self, rows: np.ndarray) -> list[frozenset]:
         """Each request's extra dense layers, cached by schedule slot (a slot keeps its schedule)."""
@@ -255,8 +252,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
         K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
-                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant,
-                           row_done=step.row_done)
+                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,

@@ -91,7 +91,6 @@ class SparseSelection:
         self.row_indptr = view("row_indptr", b * h + 1)
         self.indices = torch.zeros(max(plan.total_pages, 1), dtype=torch.int32, device=device)
         self.scores = torch.full((b * h, pcap), float("-inf"), dtype=torch.float32, device=device)
-        self.row_done = torch.zeros(b * h, dtype=torch.int32, device=device)  # a paired launch's; left zero
 
     def score(self, cache_loc=None):
         """Scores on each row's candidate range (the rest of the buffer untouched); with
@@ -112,7 +111,7 @@ class SparseSelection:
         c = self.case
         self.K.score_and_select(c.q, self.lm, c.req_to_token, c.rpi, self.fields, self.row_indptr, c.page_size,
                                 self.scores, self.indices, k_buf=None if cache_loc is None else c.k_buf,
-                                cache_loc=cache_loc, variant=self.variant, row_done=self.row_done)
+                                cache_loc=cache_loc, variant=self.variant)
 
     def logical_pages(self, ordered: bool = False) -> list:
         """Selected logical pages per (request, KV head) row, read back from the index buffer
