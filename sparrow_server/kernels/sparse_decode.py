@@ -250,8 +250,7 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
         cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
-        STAGES=ROW_STAGES,
-        UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
+        STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,

@@ -68,8 +68,8 @@ class TopKVariant:
     # The fused launch's warps and register cap (None: SELECT_WARPS and ``maxnreg``, 16 and 64: two programs an SM).
     # At one row per SM the top-k is a chain of block-wide steps over every warp: offline sm_90 SASS of the 2,048-lane
     # tier, 16 warps under 64 registers 1,048 instructions a thread (16,768 a program), 8 under 128 1,608 (12,864,
-    # -23%: fewer warps to combine in each reduction and scan; 71 registers, still two programs an SM), the same 29
-    # barriers. Not measured yet.
+    # -23%: fewer warps to combine in each reduction and scan), the same 29 barriers; the whole row kernel at 8 warps
+    # takes 127 registers, no spill, so two programs still share an SM. Not measured yet.
     fused_warps: int | None = None
     fused_maxnreg: int | None = None
 
