@@ -64,7 +64,9 @@ HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("gpu_call14", "gpu_call
                                                         "speed/call26/decode_profiles/decode32k",
                                                         "speed/call27/kernel_bench_decode/decode32k_packed",
                                                         "speed/call27/rolloutA_default_pool/out",
-                                                        "speed/call28/rolloutA/out")}
+                                                        "speed/call28/rolloutA/out",
+                                                        "speed/call29/rolloutB_33/out",
+                                                        "speed/call29/rolloutA_4b/out")}
 HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
                  "h200": ("same GPU, the issue-13 code: the sparse kernels before issue 24, one card at a time",
                           "speed/call25/decode32k, speed/call26/decode_profiles/decode32k, "
@@ -73,7 +75,9 @@ HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
                           "speed/call27/rolloutA_default_pool/out: rollout A in waves at the default pool, "
                           "call 27's code",
                           "speed/call28/rolloutA/out: rollout A at the default (fused_packed_narrow), the pool "
-                          "holding it at once")}
+                          "holding it at once",
+                          "speed/call29/rolloutB_33/out, speed/call29/rolloutA_4b/out: rollout B at 33 requests "
+                          "and Qwen3-4B rollout A (in waves) at the default, measured after the fit")}
 # Same GPU, other kernels (not fitted): their rollouts are in the per-rollout table, to show what the preset does
 # not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4; gpu_call15: the
 # issue-13 code, held out above; speed/call21/rolloutA_4b: Qwen3-4B's sparse layers on FlashInfer's CUDA-core

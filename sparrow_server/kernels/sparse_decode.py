@@ -26,8 +26,7 @@ from torch import Tensor
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
-    SELECT_ROWS, TOPK_VARIANTS, fused_launch, resolve_variant, select_and_write, select_launches, select_row,
-    tier_launch,
+    SELECT_ROWS, TOPK_VARIANTS, resolve_variant, select_and_write, select_launches, select_row, tier_launch,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
@@ -243,7 +242,7 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     buffer) the selection too. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
-    consts, options = fused_launch(variant)
+    consts, options = tier_launch(variant)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     _row_kernel[(b * h,)](

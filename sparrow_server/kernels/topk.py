@@ -65,13 +65,6 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
-    # The fused launch's warps and register cap (None: SELECT_WARPS and ``maxnreg``, 16 and 64: two programs an SM).
-    # At one row per SM the top-k is a chain of block-wide steps over every warp: offline sm_90 SASS of the 2,048-lane
-    # tier, 16 warps under 64 registers 1,048 instructions a thread (16,768 a program), 8 under 128 1,608 (12,864,
-    # -23%: fewer warps to combine in each reduction and scan), the same 29 barriers; the whole row kernel at 8 warps
-    # takes 127 registers, no spill, so two programs still share an SM. Not measured yet.
-    fused_warps: int | None = None
-    fused_maxnreg: int | None = None
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -98,8 +91,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
-                 "fused_packed_narrow": _PACKED,
-                 "fused_packed_w8_narrow": replace(_PACKED, fused_warps=8, fused_maxnreg=128)}
+                 "fused_packed_narrow": _PACKED}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -136,8 +128,10 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # the read is not set by the tiles in flight. Not offered. Nor is scoring each row in two programs at one row per SM
 # or fewer, the second to finish running the top-k (a per-row counter, acquire-release): in call 28's bench at batch
 # 16 the scoring fell 3-7% but the selection rose 17-22% (``benchmarks/results/speed/call28/kernel_bench_paired/``).
-# ``fused_packed_w8_narrow``: ``fused_packed_narrow`` whose fused launch runs 8 warps under 128 registers
-# (TopKVariant.fused_warps, .fused_maxnreg).
+# Nor is the fused launch at 8 warps under 128 registers (23% fewer top-k instructions a program in offline SASS):
+# in call 29's bench at batch 16 (one row per SM, so 8 warps an SM) its top-k fell 0-1.1 us but its scoring rose
+# 2.7-3.8 us, selection 9-12% slower; at batch 34 (two rows an SM) both within 0.2 us
+# (``benchmarks/results/speed/call29/kernel_bench_w8/``).
 # All select ``select_pages``' pages.
 
 
@@ -335,14 +329,6 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
                   PACKED=v.packed)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
-
-
-def fused_launch(variant: str | None = None) -> tuple[dict, dict]:
-    """A fused variant's row kernel: ``tier_launch``'s constants, and its own warps and register cap."""
-    v = TOPK_VARIANTS[resolve_variant(variant)]
-    consts, options = tier_launch(variant)
-    maxnreg = v.fused_maxnreg or v.maxnreg
-    return consts, {"num_warps": v.fused_warps or SELECT_WARPS, **({"maxnreg": maxnreg} if maxnreg else {})}
 
 
 def select_launches(variant: str | None = None, rows: int | None = None) -> list[tuple[dict, dict]]:

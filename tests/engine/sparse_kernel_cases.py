@@ -25,7 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow", "fused_packed_w8_narrow")
+            "fused_packed_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -263,8 +263,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_packed_w8_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -303,10 +302,6 @@ def test_fused_variants_fuse_up_to_their_rows(K):
     wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
     assert K.select_launches("fused_exit_narrow", rows + 1) == wide
     assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
-    # the fused launch's own warps and cap; the split launches past its rows keep the variant's
-    assert K.fused_launch("fused_packed_w8_narrow")[1] == {"num_warps": 8, "maxnreg": 128}
-    assert K.fused_launch("fused_packed_narrow") == K.tier_launch("fused_packed_narrow")
-    assert K.select_launches("fused_packed_w8_narrow", rows + 1) == K.select_launches("fused_packed_narrow", rows + 1)
 
 
 def test_variants_are_the_module_s():
