@@ -59,14 +59,16 @@ FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"),
 # x 28; the dense rollout A, 61 requests then 3, alone on its card), and decode 32K x 16 and x 34 with the fused
 # selection of call 25 (`fused_hist64_narrow`), call 26 (`fused_exit_narrow`) and call 27 (`fused_packed_narrow`),
 # measured after the fit, call 27's rollout A in waves (a pool 3.4% short of the workload: 61 + 3 requests) and
-# call 28's rollout A at the default (`fused_packed_narrow`), the pool holding it at once.
+# call 28's rollout A at the default (`fused_packed_narrow`), the pool holding it at once; call 29's rollout B at 33
+# requests and Qwen3-4B rollout A and call 30's Qwen3-8B rollout A at the default (the last two in waves).
 HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("gpu_call14", "gpu_call15", "speed/call25/decode32k",
                                                         "speed/call26/decode_profiles/decode32k",
                                                         "speed/call27/kernel_bench_decode/decode32k_packed",
                                                         "speed/call27/rolloutA_default_pool/out",
                                                         "speed/call28/rolloutA/out",
                                                         "speed/call29/rolloutB_33/out",
-                                                        "speed/call29/rolloutA_4b/out")}
+                                                        "speed/call29/rolloutA_4b/out",
+                                                        "speed/call30/rolloutA_8b/out")}
 HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
                  "h200": ("same GPU, the issue-13 code: the sparse kernels before issue 24, one card at a time",
                           "speed/call25/decode32k, speed/call26/decode_profiles/decode32k, "
@@ -77,7 +79,9 @@ HELD_OUT_WHAT = {"h100": ("same GPU and kernels, other models",),
                           "speed/call28/rolloutA/out: rollout A at the default (fused_packed_narrow), the pool "
                           "holding it at once",
                           "speed/call29/rolloutB_33/out, speed/call29/rolloutA_4b/out: rollout B at 33 requests "
-                          "and Qwen3-4B rollout A (in waves) at the default, measured after the fit")}
+                          "and Qwen3-4B rollout A (in waves) at the default, measured after the fit",
+                          "speed/call30/rolloutA_8b/out: Qwen3-8B rollout A (in waves) at the default, measured "
+                          "after the fit")}
 # Same GPU, other kernels (not fitted): their rollouts are in the per-rollout table, to show what the preset does
 # not describe (gpu_call2: the selection before the fused radix-select kernel of gpu_call3/4; gpu_call15: the
 # issue-13 code, held out above; speed/call21/rolloutA_4b: Qwen3-4B's sparse layers on FlashInfer's CUDA-core

@@ -65,11 +65,6 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
-    # ``tails``' second register blocks, smallest first. At one row per SM the 2,048 + 256 tier's top-k took 16.3-17.5
-    # us at 2,049-2,304 candidates, the 2,048 + 512 one 14.2-15.1 at 2,317-2,557 (calls 28 and 29, batch 16), and
-    # offline sm_90 SASS gives the two the same barriers; (512, 1024, 1024) sends the first rows to the 512 block too
-    # (its third tier then never runs: the second takes its rows first).
-    tail_sizes: tuple[int, int, int] = SELECT_TAILS
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -96,8 +91,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
-                 "fused_packed_narrow": _PACKED,
-                 "fused_tail512_narrow": replace(_PACKED, tail_sizes=(512, 1024, 1024))}
+                 "fused_packed_narrow": _PACKED}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -137,8 +131,11 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # Nor is the fused launch at 8 warps under 128 registers (23% fewer top-k instructions a program in offline SASS):
 # in call 29's bench at batch 16 (one row per SM, so 8 warps an SM) its top-k fell 0-1.1 us but its scoring rose
 # 2.7-3.8 us, selection 9-12% slower; at batch 34 (two rows an SM) both within 0.2 us
-# (``benchmarks/results/speed/call29/kernel_bench_w8/``). ``fused_tail512_narrow``: ``fused_packed_narrow`` whose rows
-# of 2,049-2,304 candidates (32.8K-36.9K tokens) take the 2,048 + 512 tier (TopKVariant.tail_sizes).
+# (``benchmarks/results/speed/call29/kernel_bench_w8/``). Nor is a 2,048 + 512 tier for the rows of 2,049-2,304
+# candidates: in call 30's bench it tied the 2,048 + 256 one (top-k 16.1-16.2 us at 2,061-2,301 candidates, batch 16;
+# selection summed over six contexts 233.1 against 233.0 us). Past 2,048 candidates the top-k's 13.5-17.7 us follow the
+# scores and the budget (presumably the histogram rounds before a bucket holds exactly the keys still needed), not the
+# tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us (``benchmarks/results/speed/call30/``).
 # All select ``select_pages``' pages.
 
 
@@ -332,7 +329,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     tiers) and the launch options (warps, register cap)."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
-                  TAIL_A=v.tail_sizes[0], TAIL_B=v.tail_sizes[1], TAIL_C=v.tail_sizes[2], TAILS=v.tails,
+                  TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
                   PACKED=v.packed)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}

@@ -25,7 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow", "fused_tail512_narrow")
+            "fused_packed_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -263,8 +263,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_tail512_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -303,17 +302,6 @@ def test_fused_variants_fuse_up_to_their_rows(K):
     wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
     assert K.select_launches("fused_exit_narrow", rows + 1) == wide
     assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
-
-
-def test_tail512_variant_differs_only_in_its_tails(K):
-    """``fused_tail512_narrow`` is ``fused_packed_narrow`` with the tails 512, 1024, 1024 for 256, 512, 1024: rows of
-    2,049-2,560 candidates take the 2,048 + 512 tier, 2,561-3,072 the 2,048 + 1,024 (the default's 256 tier's rows
-    move up, the others keep their tier), in its fused launch and past its rows alike."""
-    for rows in (1, 265):
-        launches = zip(K.select_launches("fused_tail512_narrow", rows), K.select_launches("fused_packed_narrow", rows))
-        for (tail, t_opts), (packed, p_opts) in launches:
-            assert (packed["TAIL_A"], packed["TAIL_B"], packed["TAIL_C"]) == (256, 512, 1024) and t_opts == p_opts
-            assert tail == {**packed, "TAIL_A": 512, "TAIL_B": 1024, "TAIL_C": 1024}
 
 
 def test_variants_are_the_module_s():
