@@ -135,7 +135,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # candidates: in call 30's bench it tied the 2,048 + 256 one (top-k 16.1-16.2 us at 2,061-2,301 candidates, batch 16;
 # selection summed over six contexts 233.1 against 233.0 us). Past 2,048 candidates the top-k's 13.5-17.7 us follow the
 # scores and the budget (presumably the histogram rounds before a bucket holds exactly the keys still needed), not the
-# tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us (``benchmarks/results/speed/call30/``).
+# tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us
+# (``benchmarks/results/speed/call30/``).
 # All select ``select_pages``' pages.
 
 
