@@ -54,13 +54,8 @@ FIT_SOURCES = {"h100": ("gpu_call3", "gpu_call4"),
                "h200": ("speed/call10/preset", "speed/call10/ceiling", "speed/call20/rolloutA", "speed/call20/rolloutB",
                         "speed/call21/rolloutB_33", "speed/call22/rolloutA_8b", "speed/call23/rolloutA",
                         "speed/call23/rolloutA_4b", "speed/call24/rolloutA", "speed/call24/rolloutB_33")}
-# Not fitted, predicted with the fit as a check. H100: same GPU and code state, other models (Qwen3-4B and -8B,
-# 36 layers, decode at a 16896-token server). H200: same GPU, the issue-13 code (decode 16K x 16, 32K x 16 and
-# x 28; the dense rollout A, 61 requests then 3, alone on its card), and decode 32K x 16 and x 34 with the fused
-# selection of call 25 (`fused_hist64_narrow`), call 26 (`fused_exit_narrow`) and call 27 (`fused_packed_narrow`),
-# measured after the fit, call 27's rollout A in waves (a pool 3.4% short of the workload: 61 + 3 requests) and
-# call 28's rollout A at the default (`fused_packed_narrow`), the pool holding it at once; call 29's rollout B at 33
-# requests and Qwen3-4B rollout A and call 30's Qwen3-8B rollout A at the default (the last two in waves).
+# Not fitted, predicted with the fit as a check; HELD_OUT_WHAT says what each is (cost_fit.md prints it above the
+# held-out table), so the list is described once.
 HELD_OUT = {"h100": ("gpu_call5", "gpu_call9"), "h200": ("gpu_call14", "gpu_call15", "speed/call25/decode32k",
                                                         "speed/call26/decode_profiles/decode32k",
                                                         "speed/call27/kernel_bench_decode/decode32k_packed",
