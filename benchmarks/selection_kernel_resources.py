@@ -47,7 +47,7 @@ def row_kernel_launch(variant: str) -> tuple[dict, dict]:
     """A fused variant's row kernel as the server launches it at Qwen3-1.7B shapes: (constants, options)."""
     consts, options = topk.tier_launch(variant)
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
-                **consts), options
+                EARLY=topk.TOPK_VARIANTS[variant].reserved_first, **consts), options
 
 
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:

@@ -65,6 +65,9 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
+    # A fused launch writes a row's reserved pages (sink and recent: no score decides them) before it scores, so
+    # their page-id loads and stores overlap the scoring's stream instead of delaying the top-k's key loads.
+    reserved_first: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -91,7 +94,10 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64": TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True),
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
-                 "fused_packed_narrow": _PACKED}
+                 "fused_packed_narrow": _PACKED,
+                 "fused_large_narrow": replace(_PACKED, tails=False),
+                 "fused_early_narrow": replace(_PACKED, reserved_first=True),
+                 "fused_large_early_narrow": replace(_PACKED, tails=False, reserved_first=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -137,6 +143,10 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # scores and the budget (presumably the histogram rounds before a bucket holds exactly the keys still needed), not the
 # tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us
 # (``benchmarks/results/speed/call30/``).
+# ``fused_large_narrow``: ``fused_packed_narrow`` whose rows of 2,049 to 4,096 candidates take the 4,096-lane tier
+# (one register block: the 2,048 tier's 29 block barriers in offline sm_90 SASS, against 45 for 2,048 + a tail, for
+# 1,752 instructions against 1,272-1,480); ``fused_early_narrow``: ``fused_packed_narrow`` that writes the reserved
+# pages before scoring (TopKVariant.reserved_first); ``fused_large_early_narrow``: both.
 # All select ``select_pages``' pages.
 
 
@@ -171,7 +181,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1)
+                   FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1, True)
 
 
 @triton.jit
@@ -180,27 +190,18 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-               SHORT: tl.constexpr, LONG: tl.constexpr):
-    """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED: ``TopKVariant.exit_early``, ``.packed``."""
+               SHORT: tl.constexpr, LONG: tl.constexpr, RESERVED: tl.constexpr):
+    """One row's pages: the reserved ones (RESERVED; else the caller wrote them), then its top-k by the tiers
+    compiled in (SHORT: SMALL and, with FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED:
+    ``TopKVariant.exit_early``, ``.packed``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
-    cnt = tl.load(cnt_ptr + b)
-    n = tl.load(n_ptr + b)
+    if RESERVED:
+        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     s = tl.load(sink_ptr + b)
-    start = tl.load(indptr_ptr + r)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    out = out_ptr + start
-    offs = tl.arange(0, SMALL)
-    # reserved part: sink pages first, recent pages last (current page last); a dense row is all sink
-    for u0 in range(0, cnt - k, SMALL):
-        u = u0 + offs
-        m = u < cnt - k
-        t = tl.where(u < s, u, u + k)
-        page = tl.where(u < s, u, n - (cnt - t))
-        slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
-        tl.store(out + t, slot * H + h, mask=m)
+    out = out_ptr + tl.load(indptr_ptr + r)
     scores = scores_ptr + r.to(tl.int64) * pcap
     if k > 0:
         if not SHORT:
@@ -215,6 +216,29 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
         elif LONG:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
                        TAIL_C, TAILS, BITS, EXIT, PACKED)
+
+
+@triton.jit
+def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H: tl.constexpr,
+                   PS: tl.constexpr, BLOCK: tl.constexpr):
+    """The page ids of this program's row's reserved pages: sink pages first, recent pages last (current page
+    last); a dense row (k 0) is all sink. The top-k's ``k`` slots between them are the top-k's to write."""
+    r = tl.program_id(0)
+    b = r // H
+    h = r % H
+    cnt = tl.load(cnt_ptr + b)
+    n = tl.load(n_ptr + b)
+    s = tl.load(sink_ptr + b)
+    row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    out = out_ptr + tl.load(indptr_ptr + r)
+    offs = tl.arange(0, BLOCK)
+    for u0 in range(0, cnt - k, BLOCK):
+        u = u0 + offs
+        m = u < cnt - k
+        t = tl.where(u < s, u, u + k)
+        page = tl.where(u < s, u, n - (cnt - t))
+        slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
+        tl.store(out + t, slot * H + h, mask=m)
 
 
 @triton.jit

@@ -25,7 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow")
+            "fused_packed_narrow", "fused_large_narrow", "fused_early_narrow", "fused_large_early_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -263,7 +263,8 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
 
 
-@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
+@pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
+                                     "fused_large_narrow", "fused_early_narrow", "fused_large_early_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -396,3 +397,25 @@ def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, varia
         start, end = int(batch.plan.row_indptr[x * h]), int(batch.plan.row_indptr[(x + 1) * h])
         assert torch.equal(batch.indices[start:end], alone.indices[:end - start]), x  # same page ids, same order
     assert batch.logical_pages(ordered=True) == batch.want_pages(SINK, RECENT)  # and they are select_pages'
+
+
+@pytest.mark.parametrize("variant,candidates", [("fused_packed_narrow", 2061), ("fused_large_early_narrow", 2061),
+                                                ("fused_packed_narrow", 2045)])
+def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
+    """``benchmarks/selection_phase_profile.py``'s stamped kernel (its stamps off: the interpreter runs no PTX) writes
+    the index buffer the product's fused launch writes, so the phases it times are the product's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import selection_phase_profile as P
+
+    case = _case([(candidates + SINK + RECENT) * PS] * 2, seed=5, num_kv_heads=2, group=2, head_dim=16,
+                 dtype=torch.float32)
+    sel = _selection(K, case, [fixed_budget_schedule(256)] * 2, torch.float32, variant=variant)
+    loc = case.req_to_token[case.rpi, case.lengths - 1].long()  # completes each request's last page
+    sel.select(loc)
+    want = sel.indices.clone()
+    sel.indices.zero_()
+    P.stamped_launch(sel, loc, torch.zeros(sel.scores.shape[0], 9, 2, dtype=torch.int64), variant, stamp=False)
+    assert torch.equal(sel.indices, want) and (want > 0).all()

@@ -27,7 +27,8 @@ def _compile_row_kernel(variant: str):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow"])
+@pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
+                                     "fused_large_early_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     from sparrow_server.kernels import sparse_decode as K
 
@@ -51,3 +52,21 @@ def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
     assert 0 < one["barriers"] < two["barriers"] and one["instructions"] < two["instructions"]
     packed = res.tier_sass_counts(1024, 512, "fused_packed_narrow", 90)
     assert packed["barriers"] < two["barriers"]  # what the packed steps are for
+
+
+@pytest.mark.timeout(300)
+def test_the_phase_profile_kernel_compiles_with_its_timer_reads():
+    """``selection_phase_profile.py``'s stamped row kernel (the interpreter runs it without its PTX) compiles for
+    sm_90 with a cycle-counter and a global-timer read at each of its nine stamps, under the row kernel's register
+    cap, no spill."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_kernel_resources as res
+    import selection_phase_profile as prof
+
+    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=128, STAGES=3, SMALL=512, ROW=2048, TAIL=256, EARLY=False,
+                  STAMP=True)
+    kernel = res.compile_kernel(prof._stamped_row_kernel, {**res.ROW_TYPES, "stamps_ptr": "*i64"}, consts,
+                                {"num_warps": 16, "maxnreg": 64}, 90)
+    sass = res.cuobjdump(kernel, "-sass")
+    assert sass.count("SR_GLOBALTIMER") == 9 and sass.count("SR_CLOCK") >= 9, sass.count("SR_GLOBALTIMER")
+    assert "STACK:0" in res.kernel_resources(kernel)

@@ -1,0 +1,193 @@
+"""Where a fused selection launch's time goes, phase by phase, inside each row program (GPU host).
+
+The fused row kernel (``sparse_decode._row_kernel`` with SELECT, one program per (request, KV head) row, one row
+per SM at batch 16) is mirrored here from the product's own building blocks (``_score_row``, ``write_reserved``,
+``radix``'s histogram rounds and index write, as ``topk._topk_in_registers`` composes them with the early exit and
+the packed steps), with each program reading the SM's cycle counter (``%clock64``) and the global timer
+(``%globaltimer``) after a block barrier at each phase's end: prologue (landmark update, plan loads), scoring, the
+reserved pages, each histogram round, the index write. The mirror must write the product kernel's index buffer
+(checked each case); the product launch is timed beside it (CUDA graph), so the barriers' cost shows too.
+Usage (GPU host): python benchmarks/selection_phase_profile.py --out phases.json
+  [--batch 16 --contexts 32768,33024 --variants fused_packed_narrow,fused_large_narrow]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import triton
+import triton.language as tl
+
+from sparrow_server.kernels import radix
+from sparrow_server.kernels import sparse_decode as K
+from sparrow_server.kernels import topk
+from sparrow_server.kernels.topk import write_reserved
+
+PHASES = ("prologue", "scoring", "reserved", "round 1", "round 2", "round 3", "round 4", "write")
+
+
+@triton.jit
+def _stamp(stamps, i: tl.constexpr, x, STAMP: tl.constexpr):
+    """Phase ``i``'s end: every warp here (a barrier), then this SM's cycle counter and the global timer (ns)."""
+    if STAMP:
+        tl.debug_barrier()
+        c = tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l,r", [x], dtype=tl.int64, is_pure=False, pack=1)
+        g = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+        tl.store(stamps + 2 * i, c)
+        tl.store(stamps + 2 * i + 1, g)
+
+
+@triton.jit
+def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
+                        sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
+                        H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                        STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
+                        EARLY: tl.constexpr, STAMP: tl.constexpr):
+    """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped."""
+    r = tl.program_id(0)
+    b = r // H
+    h = r % H
+    stamps = stamps_ptr + r.to(tl.int64) * (2 * 9)
+    _stamp(stamps, 0, r, STAMP)
+    loc = tl.load(loc_ptr + b).to(tl.int64)
+    if loc % PS == PS - 1:
+        K._head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
+    k = tl.load(k_ptr + b)
+    if EARLY:
+        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+    lo = tl.load(lo_ptr + b)
+    hi = tl.load(hi_ptr + b)
+    row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    scores = scores_ptr + r.to(tl.int64) * pcap
+    _stamp(stamps, 1, r, STAMP)
+    K._score_row(q_ptr, lm_ptr, row, scores, b, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
+    tl.debug_barrier()
+    _stamp(stamps, 2, r, STAMP)
+    if not EARLY:
+        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+    _stamp(stamps, 3, r, STAMP)
+    out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
+    j = lo + tl.arange(0, ROW)
+    key = radix.ukey(scores, j, j < hi)
+    if TAIL > 0:
+        j2 = lo + ROW + tl.arange(0, TAIL)
+        key2 = radix.ukey(scores, j2, j2 < hi)
+    prefix = tl.zeros([], tl.int64)
+    n_gt = tl.zeros([], tl.int32)
+    exact = tl.zeros([], tl.int32)
+    for rnd in tl.static_range(4):
+        if exact == 0:
+            hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
+            if TAIL > 0:
+                hist += radix.bucket_histogram(key2, prefix, 24 - 8 * rnd)
+            prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
+        _stamp(stamps, 4 + rnd, r, STAMP)
+    zero = tl.zeros([], tl.int32)
+    n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+    if TAIL > 0:
+        radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    _stamp(stamps, 8, r, STAMP)
+
+
+def tier(candidates: int, variant: str) -> tuple[int, int]:
+    """(ROW, TAIL) lanes of the register tier ``variant``'s fused launch gives rows of ``candidates``."""
+    v = topk.TOPK_VARIANTS[variant]
+    medium, large = topk.SELECT_ROWS[1], topk.SELECT_ROWS[2]
+    assert topk.SELECT_FINE[0] + topk.SELECT_FINE[1] < candidates <= large, "profiled tiers: 1,537 to 4,096"
+    if candidates <= medium:
+        return medium, 0
+    tails = [t for t in topk.SELECT_TAILS if candidates <= medium + t] if v.tails else []
+    return (medium, tails[0]) if tails else (large, 0)
+
+
+def stamped_launch(layer, loc, stamps, variant: str, stamp: bool = True) -> None:
+    """The mirror over ``layer``'s rows (a ``SparseLayer``, every row at the same candidate count)."""
+    c, f = layer.case, layer.fields
+    b, hq, d = c.q.shape
+    row, tail = tier(int((f["cand_hi"] - f["cand_lo"]).max()), variant)
+    _stamped_row_kernel[(b * layer.h,)](
+        c.q, layer.lm, c.k_buf, loc, layer.scores, layer.scores.shape[1], c.req_to_token, c.rpi, f["n_pages"],
+        f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
+        c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
+        STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
+        EARLY=topk.TOPK_VARIANTS[variant].reserved_first, STAMP=stamp, **topk.tier_launch(variant)[1])
+
+
+def phase_table(stamps) -> dict:
+    """Per phase, microseconds over the programs (mean, median, 90th percentile) from the cycle counter at the
+    SM clock each program's global timer gives; the launch's span (first start to last end) from the timer."""
+    import torch
+
+    cyc, ns = stamps[:, :, 0].double(), stamps[:, :, 1].double()
+    ghz = (cyc[:, -1] - cyc[:, 0]) / (ns[:, -1] - ns[:, 0])
+    us = (cyc[:, 1:] - cyc[:, :-1]) / ghz[:, None] / 1e3
+    q = lambda t, p: round(float(torch.quantile(t, p)), 2)  # noqa: E731
+    phases = {name: {"mean": round(float(us[:, i].mean()), 2), "median": q(us[:, i], 0.5), "p90": q(us[:, i], 0.9)}
+              for i, name in enumerate(PHASES)}
+    return {"phases_us": phases, "program_us_median": q(us.sum(1), 0.5), "sm_clock_ghz_median": q(ghz, 0.5),
+            "span_us": round(float(ns[:, -1].max() - ns[:, 0].min()) / 1e3, 2),
+            "start_spread_us": round(float(ns[:, 0].max() - ns[:, 0].min()) / 1e3, 2)}
+
+
+def profile_case(pool, ctx: int, schedule, max_context: int, ws, variant: str) -> dict:
+    import torch
+
+    import sparse_kernel_bench as B
+
+    case, plan, layer = B._build_layer(pool, ctx, schedule, max_context, ws)
+    loc = case.req_to_token[1:, ctx - 1].long()
+    layer.variant = variant
+    layer.select(loc)
+    want = layer.indices.clone()
+    stamps = torch.zeros(layer.scores.shape[0], 9, 2, dtype=torch.int64, device="cuda")
+    layer.indices.zero_()
+    stamped_launch(layer, loc, stamps, variant)
+    torch.cuda.synchronize()
+    same = bool(torch.equal(layer.indices, want))
+    timed = {"product_selection_us": round(B.graph_us(lambda: layer.select(loc)), 1),
+             "stamped_selection_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant)), 1),
+             "unstamped_mirror_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant, False)), 1)}
+    stamped_launch(layer, loc, stamps, variant)  # the stamps of one launch, outside the graph's back-to-back replays
+    torch.cuda.synchronize()
+    cand = int((layer.fields["cand_hi"] - layer.fields["cand_lo"]).max())
+    return {"context": ctx, "candidates": cand, "budget_pages": int(layer.fields["k"].max()), "variant": variant,
+            "tier": list(tier(cand, variant)), "same_indices": same, **timed, **phase_table(stamps.cpu())}
+
+
+def main() -> None:
+    import torch
+
+    import sparse_kernel_bench as B
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--contexts", default="32768,33024")
+    ap.add_argument("--server-context", type=int, default=40960)
+    ap.add_argument("--schedule", default="qwen3-1.7b-0.86")
+    ap.add_argument("--variants", default="fused_packed_narrow")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    contexts = [int(c) for c in a.contexts.split(",")]
+    pool = B.build_pool(a.batch, max(contexts), 2)
+    ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    schedule = B._schedule(a.schedule, 0)
+    cases = [profile_case(pool, ctx, schedule, a.server_context, ws, v)
+             for ctx in contexts for v in a.variants.split(",")]
+    result = {"gpu": torch.cuda.get_device_name(), "batch": a.batch, "server_context_length": a.server_context,
+              "phases": list(PHASES), "cases": cases}
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    for c in cases:
+        row = " ".join(f"{c['phases_us'][p]['median']:6.2f}" for p in PHASES)
+        print(f"{c['context']:>6} {c['candidates']:>5} {c['variant']:>24} same={c['same_indices']} "
+              f"product {c['product_selection_us']} stamped {c['stamped_selection_us']} mirror "
+              f"{c['unstamped_mirror_us']} span {c['span_us']} | {row}", flush=True)
+    print("phases (median us):", ", ".join(PHASES))
+    assert all(c["same_indices"] for c in cases), "the mirror wrote other pages than the product kernel"
+    assert math.isfinite(sum(c["span_us"] for c in cases))
+
+
+if __name__ == "__main__":
+    main()
