@@ -5,7 +5,7 @@ per SM at batch 16) is mirrored here from the product's own building blocks (``_
 ``radix``'s histogram rounds and index write, as ``topk._topk_in_registers`` composes them with the early exit and
 the packed steps), with each program reading the SM's cycle counter (``%clock64``) and the global timer
 (``%globaltimer``) after a block barrier at each phase's end: prologue (landmark update, plan loads), scoring, the
-reserved pages, each histogram round, the index write. The mirror must write the product kernel's index buffer
+reserved pages, each round's histogram and its scan (digit and keys above), the index write. The mirror must write the product kernel's index buffer
 (checked each case); the product launch is timed beside it (CUDA graph), so the barriers' cost shows too.
 Usage (GPU host): python benchmarks/selection_phase_profile.py --out phases.json
   [--batch 16 --contexts 32768,33024 --variants fused_packed_narrow,fused_large_narrow]
@@ -24,7 +24,9 @@ from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.kernels import topk
 from sparrow_server.kernels.topk import write_reserved
 
-PHASES = ("prologue", "scoring", "reserved", "round 1", "round 2", "round 3", "round 4", "write")
+PHASES = ("prologue", "scoring", "reserved", *(f"{step} {i}" for i in range(1, 5) for step in ("histogram", "scan")),
+          "write")
+STAMPS = len(PHASES) + 1
 
 
 @triton.jit
@@ -49,7 +51,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     r = tl.program_id(0)
     b = r // H
     h = r % H
-    stamps = stamps_ptr + r.to(tl.int64) * (2 * 9)
+    stamps = stamps_ptr + r.to(tl.int64) * (2 * (3 + 2 * 4 + 2))
     _stamp(stamps, 0, r, STAMP)
     loc = tl.load(loc_ptr + b).to(tl.int64)
     if loc % PS == PS - 1:
@@ -82,13 +84,16 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
             hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
             if TAIL > 0:
                 hist += radix.bucket_histogram(key2, prefix, 24 - 8 * rnd)
+            _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
-        _stamp(stamps, 4 + rnd, r, STAMP)
+        else:
+            _stamp(stamps, 4 + 2 * rnd, r, STAMP)
+        _stamp(stamps, 5 + 2 * rnd, r, STAMP)
     zero = tl.zeros([], tl.int32)
     n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
     if TAIL > 0:
         radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
-    _stamp(stamps, 8, r, STAMP)
+    _stamp(stamps, 12, r, STAMP)
 
 
 def tier(candidates: int, variant: str) -> tuple[int, int]:
@@ -102,11 +107,12 @@ def tier(candidates: int, variant: str) -> tuple[int, int]:
     return (medium, tails[0]) if tails else (large, 0)
 
 
-def stamped_launch(layer, loc, stamps, variant: str, stamp: bool = True) -> None:
-    """The mirror over ``layer``'s rows (a ``SparseLayer``, every row at the same candidate count)."""
+def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], stamp: bool = True) -> None:
+    """The mirror over ``layer``'s rows (a ``SparseLayer``, every row in the register tier of ``lanes``, ``tier``'s
+    (ROW, TAIL): computed outside, so that a CUDA graph can capture the launch)."""
     c, f = layer.case, layer.fields
     b, hq, d = c.q.shape
-    row, tail = tier(int((f["cand_hi"] - f["cand_lo"]).max()), variant)
+    row, tail = lanes
     _stamped_row_kernel[(b * layer.h,)](
         c.q, layer.lm, c.k_buf, loc, layer.scores, layer.scores.shape[1], c.req_to_token, c.rpi, f["n_pages"],
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
@@ -141,19 +147,21 @@ def profile_case(pool, ctx: int, schedule, max_context: int, ws, variant: str) -
     layer.variant = variant
     layer.select(loc)
     want = layer.indices.clone()
-    stamps = torch.zeros(layer.scores.shape[0], 9, 2, dtype=torch.int64, device="cuda")
+    stamps = torch.zeros(layer.scores.shape[0], STAMPS, 2, dtype=torch.int64, device="cuda")
+    cand = int((layer.fields["cand_hi"] - layer.fields["cand_lo"]).max())
+    lanes = tier(cand, variant)
     layer.indices.zero_()
-    stamped_launch(layer, loc, stamps, variant)
+    stamped_launch(layer, loc, stamps, variant, lanes)
     torch.cuda.synchronize()
     same = bool(torch.equal(layer.indices, want))
     timed = {"product_selection_us": round(B.graph_us(lambda: layer.select(loc)), 1),
-             "stamped_selection_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant)), 1),
-             "unstamped_mirror_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant, False)), 1)}
-    stamped_launch(layer, loc, stamps, variant)  # the stamps of one launch, outside the graph's back-to-back replays
+             "stamped_selection_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant, lanes)), 1),
+             "unstamped_mirror_us": round(B.graph_us(lambda: stamped_launch(layer, loc, stamps, variant, lanes, False)),
+                                          1)}
+    stamped_launch(layer, loc, stamps, variant, lanes)  # one launch's stamps, outside the graph's back-to-back replays
     torch.cuda.synchronize()
-    cand = int((layer.fields["cand_hi"] - layer.fields["cand_lo"]).max())
     return {"context": ctx, "candidates": cand, "budget_pages": int(layer.fields["k"].max()), "variant": variant,
-            "tier": list(tier(cand, variant)), "same_indices": same, **timed, **phase_table(stamps.cpu())}
+            "tier": list(lanes), "same_indices": same, **timed, **phase_table(stamps.cpu())}
 
 
 def main() -> None:

@@ -417,5 +417,6 @@ def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
     sel.select(loc)
     want = sel.indices.clone()
     sel.indices.zero_()
-    P.stamped_launch(sel, loc, torch.zeros(sel.scores.shape[0], 9, 2, dtype=torch.int64), variant, stamp=False)
+    stamps = torch.zeros(sel.scores.shape[0], P.STAMPS, 2, dtype=torch.int64)
+    P.stamped_launch(sel, loc, stamps, variant, P.tier(candidates, variant), stamp=False)
     assert torch.equal(sel.indices, want) and (want > 0).all()

@@ -57,7 +57,7 @@ def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
 @pytest.mark.timeout(300)
 def test_the_phase_profile_kernel_compiles_with_its_timer_reads():
     """``selection_phase_profile.py``'s stamped row kernel (the interpreter runs it without its PTX) compiles for
-    sm_90 with a cycle-counter and a global-timer read at each of its nine stamps, under the row kernel's register
+    sm_90 with a cycle-counter and a global-timer read at each of its stamps, under the row kernel's register
     cap, no spill."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import selection_kernel_resources as res
@@ -68,5 +68,6 @@ def test_the_phase_profile_kernel_compiles_with_its_timer_reads():
     kernel = res.compile_kernel(prof._stamped_row_kernel, {**res.ROW_TYPES, "stamps_ptr": "*i64"}, consts,
                                 {"num_warps": 16, "maxnreg": 64}, 90)
     sass = res.cuobjdump(kernel, "-sass")
-    assert sass.count("SR_GLOBALTIMER") == 9 and sass.count("SR_CLOCK") >= 9, sass.count("SR_GLOBALTIMER")
+    # a round the early exit skips still stamps its histogram's end (in the other branch): more reads than stamps
+    assert sass.count("SR_GLOBALTIMER") >= prof.STAMPS and sass.count("SR_CLOCK") >= prof.STAMPS, sass.count("SR_CLOCK")
     assert "STACK:0" in res.kernel_resources(kernel)
