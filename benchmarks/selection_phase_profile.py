@@ -5,8 +5,9 @@ per SM at batch 16) is mirrored here from the product's own building blocks (``_
 ``radix``'s histogram rounds and index write, as ``topk._topk_in_registers`` composes them with the early exit and
 the packed steps), with each program reading the SM's cycle counter (``%clock64``) and the global timer
 (``%globaltimer``) after a block barrier at each phase's end: prologue (landmark update, plan loads), scoring, the
-reserved pages, each round's histogram and its scan (digit and keys above), the index write. The mirror must write the product kernel's index buffer
-(checked each case); the product launch is timed beside it (CUDA graph), so the barriers' cost shows too.
+reserved pages, each round's histogram and its scan (digit and keys above), the index write. The mirror must write
+the product kernel's index buffer (checked each case); the product launch is timed beside it (CUDA graph), so the
+barriers' cost shows too.
 Usage (GPU host): python benchmarks/selection_phase_profile.py --out phases.json
   [--batch 16 --contexts 32768,33024 --variants fused_packed_narrow,fused_large_narrow]
 """
