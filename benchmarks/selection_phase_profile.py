@@ -31,7 +31,7 @@ STAMPS = len(PHASES) + 1
 
 
 @triton.jit
-def _stamp(stamps, i: tl.constexpr, x, STAMP: tl.constexpr):
+def _stamp(stamps, i, x, STAMP: tl.constexpr):
     """Phase ``i``'s end: every warp here (a barrier), then this SM's cycle counter and the global timer (ns)."""
     if STAMP:
         tl.debug_barrier()
@@ -47,7 +47,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        EARLY: tl.constexpr, STAMP: tl.constexpr):
+                        EARLY: tl.constexpr, ROLLED: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped."""
     r = tl.program_id(0)
     b = r // H
@@ -80,16 +80,31 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
-    for rnd in tl.static_range(4):
-        if exact == 0:
+    if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
+        rnd = tl.zeros([], tl.int32)
+        while (exact == 0) & (rnd < 4):
             hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
             if TAIL > 0:
                 hist += radix.bucket_histogram(key2, prefix, 24 - 8 * rnd)
             _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
-        else:
+            _stamp(stamps, 5 + 2 * rnd, r, STAMP)
+            rnd += 1
+        while rnd < 4:
             _stamp(stamps, 4 + 2 * rnd, r, STAMP)
-        _stamp(stamps, 5 + 2 * rnd, r, STAMP)
+            _stamp(stamps, 5 + 2 * rnd, r, STAMP)
+            rnd += 1
+    else:
+        for rnd in tl.static_range(4):
+            if exact == 0:
+                hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
+                if TAIL > 0:
+                    hist += radix.bucket_histogram(key2, prefix, 24 - 8 * rnd)
+                _stamp(stamps, 4 + 2 * rnd, r, STAMP)
+                prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
+            else:
+                _stamp(stamps, 4 + 2 * rnd, r, STAMP)
+            _stamp(stamps, 5 + 2 * rnd, r, STAMP)
     zero = tl.zeros([], tl.int32)
     n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
     if TAIL > 0:
@@ -119,7 +134,8 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
         STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
-        EARLY=topk.TOPK_VARIANTS[variant].reserved_first, STAMP=stamp, **topk.tier_launch(variant)[1])
+        EARLY=topk.TOPK_VARIANTS[variant].reserved_first, ROLLED=topk.TOPK_VARIANTS[variant].rolled, STAMP=stamp,
+        **topk.tier_launch(variant)[1])
 
 
 def phase_table(stamps) -> dict:

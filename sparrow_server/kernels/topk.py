@@ -68,11 +68,18 @@ class TopKVariant:
     # A fused launch writes a row's reserved pages (sink and recent: no score decides them) before it scores, so
     # their page-id loads and stores overlap the scoring's stream instead of delaying the top-k's key loads.
     reserved_first: bool = False
+    # The histogram rounds as a loop run until a bucket holds exactly the keys still needed (or four rounds), one copy
+    # of a round's code instead of four unrolled: call 31's phase profile of the fused launch at 33K x 16 timed each
+    # round's histogram at 2.3-2.8 us for a few dozen instructions, three barriers and one shared-memory atomic a key,
+    # however few keys were live (2.5 us in the third round, about ten), and the scan after it at 0.55 us: the
+    # straight-line code, run once a launch, is fetched as it runs.
+    rolled: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
+        assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -97,7 +104,8 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_packed_narrow": _PACKED,
                  "fused_large_narrow": replace(_PACKED, tails=False),
                  "fused_early_narrow": replace(_PACKED, reserved_first=True),
-                 "fused_large_early_narrow": replace(_PACKED, tails=False, reserved_first=True)}
+                 "fused_large_early_narrow": replace(_PACKED, tails=False, reserved_first=True),
+                 "fused_rolled_narrow": replace(_PACKED, rolled=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -164,7 +172,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                    TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                    FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                   PACKED: tl.constexpr, PART: tl.constexpr):
+                   PACKED: tl.constexpr, ROLLED: tl.constexpr, PART: tl.constexpr):
     """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
     FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
     launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
@@ -181,7 +189,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, PACKED, PART != 2, PART != 1, True)
+                   FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, PART != 2, PART != 1, True)
 
 
 @triton.jit
@@ -190,7 +198,7 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-               SHORT: tl.constexpr, LONG: tl.constexpr, RESERVED: tl.constexpr):
+               ROLLED: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr, RESERVED: tl.constexpr):
     """One row's pages: the reserved ones (RESERVED; else the caller wrote them), then its top-k by the tiers
     compiled in (SHORT: SMALL and, with FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED:
     ``TopKVariant.exit_early``, ``.packed``."""
@@ -206,16 +214,17 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     if k > 0:
         if not SHORT:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED, ROLLED)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED, ROLLED)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED,
+                               ROLLED)
         elif LONG:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
 
 
 @triton.jit
@@ -245,15 +254,15 @@ def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_p
 def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-               PACKED: tl.constexpr):
+               PACKED: tl.constexpr, ROLLED: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED, ROLLED)
     elif TAILS:
         _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                          TAIL_C, BITS, EXIT, PACKED)
+                          TAIL_C, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -262,24 +271,25 @@ def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr
 def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr,
                       MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                       TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-                      PACKED: tl.constexpr):
+                      PACKED: tl.constexpr, ROLLED: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
-                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr):
+                       TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
+                       ROLLED: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
@@ -294,25 +304,34 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
-    for rnd in tl.static_range(32 // BITS):
-        shift = 32 - BITS * (rnd + 1)
-        if BITS == 8:
-            if exact == 0:  # else the bucket is taken whole: its keys' lower bits decide nothing
-                hist = bucket_histogram(key, prefix, shift)
-                if TAIL > 0:
-                    hist += bucket_histogram(key2, prefix, shift)
-                if PACKED:
-                    prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
-                else:
-                    prefix, n_gt, exact = histogram_round(hist, k, n_gt, prefix, shift)
-                if not EXIT:
-                    exact = tl.zeros([], tl.int32)
-        else:
-            thr = prefix + ((c + 1) << shift)
-            counts = count_at_least(key, thr)
+    if ROLLED:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
+        shift = tl.full([], 32 - BITS, tl.int32)
+        while (exact == 0) & (shift >= 0):
+            hist = bucket_histogram(key, prefix, shift)
             if TAIL > 0:
-                counts += count_at_least(key2, thr)
-            prefix, n_gt = radix_round(counts, k, prefix, shift, 1 << BITS)
+                hist += bucket_histogram(key2, prefix, shift)
+            prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
+            shift -= BITS
+    else:
+        for rnd in tl.static_range(32 // BITS):
+            shift = 32 - BITS * (rnd + 1)
+            if BITS == 8:
+                if exact == 0:  # else the bucket is taken whole: its keys' lower bits decide nothing
+                    hist = bucket_histogram(key, prefix, shift)
+                    if TAIL > 0:
+                        hist += bucket_histogram(key2, prefix, shift)
+                    if PACKED:
+                        prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
+                    else:
+                        prefix, n_gt, exact = histogram_round(hist, k, n_gt, prefix, shift)
+                    if not EXIT:
+                        exact = tl.zeros([], tl.int32)
+            else:
+                thr = prefix + ((c + 1) << shift)
+                counts = count_at_least(key, thr)
+                if TAIL > 0:
+                    counts += count_at_least(key2, thr)
+                prefix, n_gt = radix_round(counts, k, prefix, shift, 1 << BITS)
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
     zero = tl.zeros([], tl.int32)
@@ -356,7 +375,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed)
+                  PACKED=v.packed, ROLLED=v.rolled)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
