@@ -47,7 +47,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        EARLY: tl.constexpr, ROLLED: tl.constexpr, STAMP: tl.constexpr):
+                        ROUNDS: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped."""
     r = tl.program_id(0)
     b = r // H
@@ -58,8 +58,6 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     if loc % PS == PS - 1:
         K._head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
     k = tl.load(k_ptr + b)
-    if EARLY:
-        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
@@ -68,8 +66,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     K._score_row(q_ptr, lm_ptr, row, scores, b, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
     tl.debug_barrier()
     _stamp(stamps, 2, r, STAMP)
-    if not EARLY:
-        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+    write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     _stamp(stamps, 3, r, STAMP)
     out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
     j = lo + tl.arange(0, ROW)
@@ -80,7 +77,14 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
-    if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
+    if ROUNDS == 2:  # topk.TopKVariant.ranged: the search timed whole, as "histogram 1"
+        if TAIL > 0:
+            prefix, n_gt = radix.ranged_rounds(key, key2, k, True)
+        else:
+            prefix, n_gt = radix.ranged_rounds(key, key, k, False)
+        for i in tl.static_range(4, 12):
+            _stamp(stamps, i, r, STAMP)
+    elif ROUNDS == 1:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
         rnd = tl.zeros([], tl.int32)
         while (exact == 0) & (rnd < 4):
             hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
@@ -134,7 +138,7 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
         STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
-        EARLY=topk.TOPK_VARIANTS[variant].reserved_first, ROLLED=topk.TOPK_VARIANTS[variant].rolled, STAMP=stamp,
+        ROUNDS=topk.TOPK_VARIANTS[variant].rounds, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 

@@ -27,7 +27,6 @@ from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # no
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
     SELECT_ROWS, TOPK_VARIANTS, resolve_variant, select_and_write, select_launches, select_row, tier_launch,
-    write_reserved,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
@@ -215,17 +214,13 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                 LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                 TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                 FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-                ROLLED: tl.constexpr, EARLY: tl.constexpr):
+                ROUNDS: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
-    thread's score stores visible to the block; with EARLY (``TopKVariant.reserved_first``) its reserved pages
-    first."""
+    thread's score stores visible to the block."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
-    if SELECT and EARLY:
-        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, tl.load(k_ptr + b),
-                       H, PS, SMALL)
     if UPDATE:
         loc = tl.load(loc_ptr + b).to(tl.int64)
         if loc % PS == PS - 1:  # the partial page is always a recent page, never scored
@@ -239,7 +234,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
         tl.debug_barrier()
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
-                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, True, True, not EARLY)
+                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROUNDS, True, True)
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
@@ -255,8 +250,7 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
         cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
-        STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None,
-        EARLY=TOPK_VARIANTS[variant].reserved_first, **consts, **options)
+        STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,

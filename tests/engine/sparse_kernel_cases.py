@@ -25,8 +25,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 # sparse_decode.SELECT_VARIANTS (a test below checks the two agree)
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-            "fused_packed_narrow", "fused_large_narrow", "fused_early_narrow", "fused_large_early_narrow",
-            "fused_rolled_narrow")
+            "fused_packed_narrow", "fused_rolled_narrow", "fused_ranged_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -193,13 +192,14 @@ def test_split_rows_scored_once_and_selected(K, variant, candidates, pcap):
     assert sel.logical_pages(ordered=True) == sel.want_pages(SINK, RECENT)
 
 
-@pytest.mark.parametrize("scores", ["landmarks", "edges"])
+@pytest.mark.parametrize("scores", ["landmarks", "edges", "scales"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_split_rows_select_select_pages(K, variant, scores):
     """Each SPLIT_CANDIDATES row (every top-k tier of both variants, either side of its bound)
-    selects exactly ``select_pages``' pages: on reference landmark scores, or on few distinct values
+    selects exactly ``select_pages``' pages: on reference landmark scores, on few distinct values
     where each row's first and last candidates are the best (``edges``: a tier that drops a lane
-    at either end loses a page)."""
+    at either end loses a page), or on values of every magnitude, the clamp's bounds and subnormals among them
+    (``scales``: keys over their whole 32-bit range, so a search on the keys' own range takes its most rounds)."""
     case, schedules = _split_case(SPLIT_CANDIDATES, SPLIT_BUDGETS)
     sel = _dyadic(_selection(K, case, schedules, torch.float32, variant=variant))
     cands = (sel.plan.cand_hi - sel.plan.cand_lo)[sel.plan.k > 0]
@@ -208,6 +208,14 @@ def test_split_rows_select_select_pages(K, variant, scores):
     if scores == "landmarks":
         want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS,
                              sel.scores.shape[1])
+    elif scores == "scales":
+        g = torch.Generator().manual_seed(25)
+        magnitude = 10.0 ** torch.randint(-40, 38, sel.scores.shape, generator=g)
+        want = torch.randn(sel.scores.shape, generator=g) * magnitude
+        big = 3.4028234663852886e38 / 2  # sparse_decode.FLOAT_BIG / 2, the clamp
+        want[:, ::11] = big
+        want[:, 5::13] = -big
+        want[:, 3::17] = 1e-44
     else:
         want = torch.randint(0, 3, sel.scores.shape, generator=torch.Generator().manual_seed(24)).float() - 1.0
         want[:, ::7] = -0.0
@@ -265,8 +273,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
 
 
 @pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_large_narrow", "fused_early_narrow", "fused_large_early_narrow",
-                                     "fused_rolled_narrow"])
+                                     "fused_rolled_narrow", "fused_ranged_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -401,8 +408,9 @@ def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, varia
     assert batch.logical_pages(ordered=True) == batch.want_pages(SINK, RECENT)  # and they are select_pages'
 
 
-@pytest.mark.parametrize("variant,candidates", [("fused_packed_narrow", 2061), ("fused_large_early_narrow", 2061),
-                                                ("fused_packed_narrow", 2045), ("fused_rolled_narrow", 2061)])
+@pytest.mark.parametrize("variant,candidates", [("fused_packed_narrow", 2061), ("fused_packed_narrow", 2045),
+                                                ("fused_rolled_narrow", 2061), ("fused_rolled_narrow", 2045),
+                                                ("fused_ranged_narrow", 2061), ("fused_ranged_narrow", 2045)])
 def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
     """``benchmarks/selection_phase_profile.py``'s stamped kernel (its stamps off: the interpreter runs no PTX) writes
     the index buffer the product's fused launch writes, so the phases it times are the product's."""
