@@ -72,10 +72,10 @@ def kernel_resources(kernel) -> str:
 
 @triton.jit
 def _one_tier(scores_ptr, r2t_ptr, out_ptr, k_ptr, lo_ptr, hi_ptr, PS: tl.constexpr, ROW: tl.constexpr,
-              TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr, ROUNDS: tl.constexpr):
+              TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr):
     """One register tier of the histogram top-k (``topk._topk_in_registers``, 8-bit rounds), alone in a kernel."""
     topk._topk_in_registers(scores_ptr, tl.load(lo_ptr), tl.load(hi_ptr), tl.load(k_ptr), r2t_ptr, out_ptr, 0, 8, PS,
-                            ROW, TAIL, 8, EXIT, PACKED, ROUNDS)
+                            ROW, TAIL, 8, EXIT, PACKED, ROLLED)
 
 
 TIER_TYPES = dict(scores_ptr="*fp32", r2t_ptr="*i32", out_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32")
@@ -85,7 +85,7 @@ def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
     """SASS instructions, BAR.SYNC and ATOMS of one top-k tier (ROW + TAIL lanes) of a histogram variant, as the
     fused row kernel runs it."""
     v = topk.TOPK_VARIANTS[variant]
-    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed, ROUNDS=v.rounds)
+    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed, ROLLED=v.rolled)
     kernel = compile_kernel(_one_tier, TIER_TYPES, consts, {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
     ins = [line for line in cuobjdump(kernel, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     return {"instructions": len(ins), "barriers": sum("BAR.SYNC" in i for i in ins),
@@ -95,7 +95,7 @@ def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
 def print_tiers(arch: int) -> None:
     tiers = [(topk.SELECT_FINE[0], 0), (topk.SELECT_FINE[0], topk.SELECT_FINE[1]), (topk.SELECT_ROWS[1], 0),
              *((topk.SELECT_ROWS[1], t) for t in topk.SELECT_TAILS)]
-    for variant in ("fused_exit_narrow", "fused_packed_narrow", "fused_rolled_narrow", "fused_ranged_narrow"):
+    for variant in ("fused_exit_narrow", "fused_packed_narrow", "fused_rolled_narrow"):
         for row, tail in tiers:
             c = tier_sass_counts(row, tail, variant, arch)
             print(f"{variant} tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} "

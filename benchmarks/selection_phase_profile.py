@@ -9,7 +9,7 @@ reserved pages, each round's histogram and its scan (digit and keys above), the 
 the product kernel's index buffer (checked each case); the product launch is timed beside it (CUDA graph), so the
 barriers' cost shows too.
 Usage (GPU host): python benchmarks/selection_phase_profile.py --out phases.json
-  [--batch 16 --contexts 32768,33024 --variants fused_packed_narrow,fused_large_narrow]
+  [--batch 16 --contexts 32768,33024 --variants fused_packed_narrow,fused_rolled_narrow]
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        ROUNDS: tl.constexpr, STAMP: tl.constexpr):
+                        ROLLED: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped."""
     r = tl.program_id(0)
     b = r // H
@@ -77,14 +77,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
-    if ROUNDS == 2:  # topk.TopKVariant.ranged: the search timed whole, as "histogram 1"
-        if TAIL > 0:
-            prefix, n_gt = radix.ranged_rounds(key, key2, k, True)
-        else:
-            prefix, n_gt = radix.ranged_rounds(key, key, k, False)
-        for i in tl.static_range(4, 12):
-            _stamp(stamps, i, r, STAMP)
-    elif ROUNDS == 1:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
+    if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
         rnd = tl.zeros([], tl.int32)
         while (exact == 0) & (rnd < 4):
             hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
@@ -138,7 +131,7 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
         STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
-        ROUNDS=topk.TOPK_VARIANTS[variant].rounds, STAMP=stamp,
+        ROLLED=topk.TOPK_VARIANTS[variant].rolled, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 
@@ -195,7 +188,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="32768,33024")
     ap.add_argument("--server-context", type=int, default=40960)
     ap.add_argument("--schedule", default="qwen3-1.7b-0.86")
-    ap.add_argument("--variants", default="fused_packed_narrow")
+    ap.add_argument("--variants", default=K.DEFAULT_SELECT_VARIANT)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     contexts = [int(c) for c in a.contexts.split(",")]

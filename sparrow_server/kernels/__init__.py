@@ -19,7 +19,7 @@
 # are a loop to the early exit (TopKVariant.rolled).
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-                   "fused_packed_narrow", "fused_rolled_narrow", "fused_ranged_narrow")
+                   "fused_packed_narrow", "fused_rolled_narrow")
 # ``fused_hist64_narrow`` (call 25, H200, benchmarks/results/speed/call25/): at batch 16 (128 rows) selection 36.3 vs
 # ``short8_hist40_wide``'s 38.6 us per layer at 32K, 41.7 vs 45.1 at 33K, 44.1 vs 48.9 at 40K (16K: 21.9 vs 23.8); past
 # 264 rows ``short8_hist40_wide``'s own launches (call 24: 67.9 vs ``fine_hist64``'s 78.2 us at 16K x 64, rollout A
@@ -28,4 +28,7 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # 33K, 42.4 vs 44.6 at 40K; batch 34 (272 rows) 73.0 vs 77.4 at 32K; batch 64: 65.8 vs 72.2 at 16K.
 # ``fused_packed_narrow`` (call 27, H200, benchmarks/results/speed/call27/): the same rounds in fewer block-wide steps,
 # less top-k than ``fused_exit_narrow`` in every case of its bench (batch 16 at 33K: 38.9 vs 41.1 us of selection).
-DEFAULT_SELECT_VARIANT = "fused_packed_narrow"
+# ``fused_rolled_narrow`` (call 31, H200, benchmarks/results/speed/call31/): picked in both of its benches (summed over
+# six contexts at batch 16: 230.5 vs 233.9 and 230.7 vs 231.9 us; batch 34: 0.8-2.1 us less a case; batch 64 at
+# 17.4K: 73.6 vs 76.9 and 73.4 vs 77.3, at 16K within 0.3).
+DEFAULT_SELECT_VARIANT = "fused_rolled_narrow"

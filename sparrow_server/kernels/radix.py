@@ -75,53 +75,6 @@ def histogram_round_packed(hist, k, n_gt, prefix, shift):
 
 
 @triton.jit
-def _lowest_highest(lo_a, hi_a, lo_b, hi_b):
-    return tl.minimum(lo_a, lo_b), tl.maximum(hi_a, hi_b)
-
-
-@triton.jit
-def live_range(key, live):
-    """(lowest, highest) of the live keys (int64), in one reduction; (2**32, -1) if none."""
-    return tl.reduce((tl.where(live, key, 1 << 32), tl.where(live, key, -1)), 0, _lowest_highest)
-
-
-@triton.jit
-def ranged_rounds(key, key2, k, TWO: tl.constexpr):
-    """The k-th largest key's search by histogram rounds whose 256 digits split the live keys' own range
-    [lowest, highest] (a shift of ``key - lowest``, so buckets keep key order), live keys those of the last round's
-    bucket, until a bucket holds exactly the keys still needed or every live key is equal (the k-th key, then).
-    ``key2``: a second register block (TWO), else ignored. Returns (prefix, n_gt) as the fixed-digit rounds do: the
-    ``k - n_gt`` keys to take from ``prefix`` on, ``n_gt`` keys above it."""
-    live = key >= 0
-    live2 = (key2 >= 0) & TWO
-    lowest, highest = live_range(key, live)
-    if TWO:
-        lowest2, highest2 = live_range(key2, live2)
-        lowest, highest = tl.minimum(lowest, lowest2), tl.maximum(highest, highest2)
-    n_gt = tl.zeros([], tl.int32)
-    exact = tl.zeros([], tl.int32)
-    prefix = lowest
-    while (exact == 0) & (highest > lowest):
-        shift = tl.zeros([], tl.int32)
-        while ((highest - lowest) >> (shift + 8)) > 0:  # the live span's bits past 8
-            shift += 1
-        hist = tl.histogram(((key - lowest) >> shift).to(tl.int32), 256, mask=live)
-        if TWO:
-            hist += tl.histogram(((key2 - lowest) >> shift).to(tl.int32), 256, mask=live2)
-        prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, lowest, shift)
-        edge = prefix + (tl.full([], 1, tl.int64) << shift)  # the bucket's keys: [prefix, edge)
-        live = live & (key >= prefix) & (key < edge)
-        live2 = live2 & (key2 >= prefix) & (key2 < edge)
-        if exact == 0:
-            lowest, highest = live_range(key, live)
-            if TWO:
-                lowest2, highest2 = live_range(key2, live2)
-                lowest, highest = tl.minimum(lowest, lowest2), tl.maximum(highest, highest2)
-            prefix = lowest
-    return prefix, n_gt
-
-
-@triton.jit
 def write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
     """Write the page ids of the keys above ``prefix`` and of the first ``need`` equal to it (after
     ``n_eq`` equal ones before this block), at ranks from ``n_taken``: page order. Returns the

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.radix import (bucket_histogram, count_at_least, histogram_round, histogram_round_packed,
-                                          radix_round, ranged_rounds, ukey, write_taken, write_taken_packed)
+                                          radix_round, ukey, write_taken, write_taken_packed)
 
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
@@ -65,29 +65,19 @@ class TopKVariant:
     # barriers of a tier fall 47 -> 29 (call 26: at one row per SM the top-k is a chain of them). Call 27's bench:
     # the top-k falls 5-14% in every case (12-14% at one row per SM from 32K), selection 2-5%.
     packed: bool = False
-    # The histogram rounds as a loop run until a bucket holds exactly the keys still needed (or four rounds), one copy
-    # of a round's code instead of four unrolled: call 31's phase profile of the fused launch at 33K x 16 timed each
-    # round's histogram at 2.3-2.8 us for a few dozen instructions, three barriers and one shared-memory atomic a key,
-    # however few keys were live (2.5 us in the third round, about ten), and the scan after it at 0.55 us: the
-    # straight-line code, run once a launch, is fetched as it runs.
+    # The histogram rounds as a loop run until a bucket holds exactly the keys still needed (or four rounds): one copy
+    # of a round's code, not four unrolled (offline sm_90 SASS of the 2,048 tier: 624 instructions and 9 barriers
+    # against 1,048 and 29). Call 31's phase profile of the fused launch (``benchmarks/selection_phase_profile.py``,
+    # 33K x 16) timed each unrolled round's histogram at 2.3-2.8 us and its scan at 0.55, however few keys were live
+    # (the third round's about ten); rolled, the rounds after the first cost the same, so the code fetch is not what
+    # a round costs. Its bench: selection 0-0.8 us less at batch 16, 0.9-2.1 at 34, 3.3-3.9 at 64 x 17.4K.
     rolled: bool = False
-    # Rolled rounds whose digits span the live keys' own range, not fixed bits: each round's 256 buckets split
-    # [min, max] of the keys still in the running (one reduction of both), so the first round already parts keys
-    # that share an exponent (a fixed first digit holds sign and exponent: at 2K scores of one magnitude nearly all
-    # of them fall in two or three buckets) and the second bucket usually holds one key, exact: two rounds, not three.
-    ranged: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
         assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
-        assert not self.ranged or self.rolled, "the ranged rounds are a loop"
-
-    @property
-    def rounds(self) -> int:
-        """The kernels' ROUNDS: 0 the rounds unrolled, 1 a loop of fixed 8-bit digits, 2 a loop of ranged digits."""
-        return 2 if self.ranged else int(self.rolled)
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -110,8 +100,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
                  "fused_packed_narrow": _PACKED,
-                 "fused_rolled_narrow": replace(_PACKED, rolled=True),
-                 "fused_ranged_narrow": replace(_PACKED, rolled=True, ranged=True)}
+                 "fused_rolled_narrow": replace(_PACKED, rolled=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -158,11 +147,15 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us
 # (``benchmarks/results/speed/call30/``).
 # ``fused_rolled_narrow``: ``fused_packed_narrow`` whose histogram rounds are a loop (TopKVariant.rolled).
+# Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
+# shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
+# in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
+# 16, 32K-34.8K), selection 8-15% slower in every case of its bench.
 # Nor are the rows of 2,049 to 4,096 candidates offered the 4,096-lane tier (one register block: the 2,048 tier's 29
 # block barriers in offline sm_90 SASS against 45 for 2,048 + a tail): in call 31's bench its top-k took 20.2-20.4 us
-# at 2,061-2,301 candidates against the 2,048 + 256 tier's 15.8-16.9 (batch 16), and its phase profile put the cost in
+# at 2,061-2,301 candidates against the 2,048 + 256 tier's 16.2-16.9 (batch 16), and its phase profile put the cost in
 # the histograms (3.0-4.0 us a round against 2.3-2.8): they cost what their lanes do, live or not. Nor are a row's
-# reserved pages written before its scoring: within 0.6 us either way in every case of that bench
+# reserved pages written before its scoring: within 1.0 us either way in every case of that bench
 # (``benchmarks/results/speed/call31/``).
 # All select ``select_pages``' pages.
 
@@ -181,7 +174,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                    MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                    TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                    FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                   PACKED: tl.constexpr, ROUNDS: tl.constexpr, PART: tl.constexpr):
+                   PACKED: tl.constexpr, ROLLED: tl.constexpr, PART: tl.constexpr):
     """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
     FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
     launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
@@ -198,7 +191,7 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     if mine:
         select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
                    k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, PACKED, ROUNDS, PART != 2, PART != 1)
+                   FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, PART != 2, PART != 1)
 
 
 @triton.jit
@@ -207,9 +200,9 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-               ROUNDS: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
+               ROLLED: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED, ROUNDS: ``TopKVariant.exit_early``, ``.packed``,
+    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED, ROLLED: ``TopKVariant.exit_early``, ``.packed``,
     ``.rolled``."""
     r = tl.program_id(0)
     b = r // H
@@ -222,17 +215,17 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     if k > 0:
         if not SHORT:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROUNDS)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED, ROUNDS)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED, ROLLED)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED, ROUNDS)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED, ROLLED)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
             _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED,
-                               ROUNDS)
+                               ROLLED)
         elif LONG:
             _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROUNDS)
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
 
 
 @triton.jit
@@ -262,15 +255,15 @@ def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_p
 def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-               PACKED: tl.constexpr, ROUNDS: tl.constexpr):
+               PACKED: tl.constexpr, ROLLED: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED, ROLLED)
     elif TAILS:
         _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                          TAIL_C, BITS, EXIT, PACKED, ROUNDS)
+                          TAIL_C, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -279,17 +272,17 @@ def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr
 def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr,
                       MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                       TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-                      PACKED: tl.constexpr, ROUNDS: tl.constexpr):
+                      PACKED: tl.constexpr, ROLLED: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED, ROLLED)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROUNDS)
+        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
@@ -297,7 +290,7 @@ def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.co
 @triton.jit
 def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
                        TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-                       ROUNDS: tl.constexpr):
+                       ROLLED: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
@@ -312,11 +305,7 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
-    if ROUNDS == 2 and TAIL > 0:  # TopKVariant.ranged
-        prefix, n_gt = ranged_rounds(key, key2, k, True)
-    elif ROUNDS == 2:
-        prefix, n_gt = ranged_rounds(key, key, k, False)
-    elif ROUNDS == 1:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
+    if ROLLED:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
         shift = tl.full([], 32 - BITS, tl.int32)
         while (exact == 0) & (shift >= 0):
             hist = bucket_histogram(key, prefix, shift)
@@ -387,7 +376,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed, ROUNDS=v.rounds)
+                  PACKED=v.packed, ROLLED=v.rolled)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
