@@ -1,0 +1,1 @@
+T0=$(date +%s); nvidia-smi -L > /tmp/cards.txt; OUT=$OUT/suite MODULE_TIMEOUT_S=540 bash benchmarks/gpu_host/run_gpu_suite.sh all > /tmp/suite_all.log 2>&1; echo "suite rc $? $(( $(date +%s) - T0 )) s"; cat /tmp/suite_all.log | tail -20; cat $OUT/suite/gpu_suite_summary.txt; cp /tmp/cards.txt /tmp/suite_all.log $OUT/suite/

@@ -1,0 +1,7 @@
+# call 26, 3: decode at 32K (dense on GPU 0, sparse on GPU 1 at once), then per-layer profiles on both cards at once
+T0=$(date +%s); eval "$(SITE=/tmp/site bash .kit/install.sh 2>/dev/null)"; python3 benchmarks/dev_entry_point.py /tmp/sp >/dev/null; export PYTHONPATH=$PWD:/tmp/sp:/tmp/site HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+K=/tmp/k3; mkdir -p $K; nvidia-smi -L > $K/cards.txt; bash benchmarks/gpu_host/run_gpu_suite.sh digest > $K/code_digest.txt; cp call26_3.sh $K/call_command.sh
+timeout -s INT 240 python3 benchmarks/sglang_throughput.py --parallel-cards --decode 32768x16,32768x34 --rollout-gen 0 --server-args "--mem-fraction-static 0.89" --out-dir $K/decode32k > $K/decode32k.log 2>&1; echo "decode rc $? $(( $(date +%s) - T0 )) s"
+(CUDA_VISIBLE_DEVICES=1 timeout -s INT 300 python3 benchmarks/decode_profile.py --context 32768 --batch 16 --backends flashinfer,sparrow --server-args "--mem-fraction-static 0.89" --out-dir $K/profile_32k_b16 > $K/profile_32k_b16.log 2>&1; echo "profile 32k rc $? $(( $(date +%s) - T0 )) s") &
+(CUDA_VISIBLE_DEVICES=0 timeout -s INT 300 python3 benchmarks/decode_profile.py --size qwen3-4b --context 16384 --batch 48 --backends sparrow --server-args "--mem-fraction-static 0.89" --out-dir $K/profile_4b_tc > $K/profile_4b_tc.log 2>&1; echo "profile 4b rc $? $(( $(date +%s) - T0 )) s") &
+wait; tail -4 $K/decode32k.log; tar -czf $OUT/call26_3.tar.gz -C $K .; echo "total $(( $(date +%s) - T0 )) s"
