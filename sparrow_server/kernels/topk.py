@@ -69,8 +69,8 @@ class TopKVariant:
     # of a round's code, not four unrolled (offline sm_90 SASS of the 2,048 tier: 624 instructions and 9 barriers
     # against 1,048 and 29). Call 31's phase profile of the fused launch (``benchmarks/selection_phase_profile.py``,
     # 33K x 16) timed each unrolled round's histogram at 2.3-2.8 us and its scan at 0.55, however few keys were live
-    # (the third round's about ten); rolled, the rounds after the first cost the same, so the code fetch is not what
-    # a round costs. Its bench: selection 0-0.8 us less at batch 16, 0.9-2.1 at 34, 3.3-3.9 at 64 x 17.4K.
+    # (in the third round those sharing the k-th key's top 16 bits); rolled, the rounds after the first cost the same,
+    # so the code fetch is not what a round costs. Its bench: selection 0-0.8 us less at batch 16, 0.9-2.1 at 34, 3.3-3.9 at 64 x 17.4K.
     rolled: bool = False
 
     def __post_init__(self):
