@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 
 import triton
 import triton.language as tl
@@ -47,12 +46,13 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        ROLLED: tl.constexpr, STAMP: tl.constexpr):
-    """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped."""
+                        ROLLED: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
+    """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped: NSTAMP
+    stamps a program, the start, then each of PHASES' ends."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
-    stamps = stamps_ptr + r.to(tl.int64) * (2 * (3 + 2 * 4 + 2))
+    stamps = stamps_ptr + r.to(tl.int64) * (2 * NSTAMP)
     _stamp(stamps, 0, r, STAMP)
     loc = tl.load(loc_ptr + b).to(tl.int64)
     if loc % PS == PS - 1:
@@ -106,7 +106,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
     if TAIL > 0:
         radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
-    _stamp(stamps, 12, r, STAMP)
+    _stamp(stamps, NSTAMP - 1, r, STAMP)
 
 
 def tier(candidates: int, variant: str) -> tuple[int, int]:
@@ -131,7 +131,7 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
         STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
-        ROLLED=topk.TOPK_VARIANTS[variant].rolled, STAMP=stamp,
+        ROLLED=topk.TOPK_VARIANTS[variant].rolled, NSTAMP=STAMPS, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 
@@ -208,7 +208,6 @@ def main() -> None:
               f"{c['unstamped_mirror_us']} span {c['span_us']} | {row}", flush=True)
     print("phases (median us):", ", ".join(PHASES))
     assert all(c["same_indices"] for c in cases), "the mirror wrote other pages than the product kernel"
-    assert math.isfinite(sum(c["span_us"] for c in cases))
 
 
 if __name__ == "__main__":
