@@ -70,8 +70,8 @@ class TopKVariant:
     # against 1,048 and 29). Call 31's phase profile of the fused launch (``benchmarks/selection_phase_profile.py``,
     # 33K x 16) timed each unrolled round's histogram at 2.3-2.8 us and its scan at 0.55, however few keys were live
     # (in the third round those sharing the k-th key's top 16 bits); rolled, the rounds after the first cost the same,
-    # so the code fetch is not what a round costs. Its bench: selection 0-0.8 us less at batch 16, 0.9-2.1 at 34,
-    # 3.3-3.9 at 64 x 17.4K.
+    # so the code fetch is not what a round costs. Its benches: selection 0.8 us less to 0.2 more at batch 16, 0.8-2.1
+    # less at 34, 3.3-3.9 less at 64 x 17.4K (at 16K 0.3 more to the same).
     rolled: bool = False
 
     def __post_init__(self):
