@@ -27,10 +27,10 @@ SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64",
                    lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
 ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
-                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", r2t_stride="i32")
+                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
-                    r2t_stride="i32")
+                    bins_ptr="*i32", r2t_stride="i32")
 
 
 def compile_kernel(fn, types: dict, consts: dict, options: dict, arch: int):
@@ -71,35 +71,40 @@ def kernel_resources(kernel) -> str:
 
 
 @triton.jit
-def _one_tier(scores_ptr, r2t_ptr, out_ptr, k_ptr, lo_ptr, hi_ptr, PS: tl.constexpr, ROW: tl.constexpr,
-              TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr):
+def _one_tier(scores_ptr, r2t_ptr, out_ptr, bins_ptr, k_ptr, lo_ptr, hi_ptr, PS: tl.constexpr, ROW: tl.constexpr,
+              TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr,
+              ATOMIC: tl.constexpr):
     """One register tier of the histogram top-k (``topk._topk_in_registers``, 8-bit rounds), alone in a kernel."""
-    topk._topk_in_registers(scores_ptr, tl.load(lo_ptr), tl.load(hi_ptr), tl.load(k_ptr), r2t_ptr, out_ptr, 0, 8, PS,
-                            ROW, TAIL, 8, EXIT, PACKED, ROLLED)
+    topk._topk_in_registers(scores_ptr, tl.load(lo_ptr), tl.load(hi_ptr), tl.load(k_ptr), r2t_ptr, out_ptr, bins_ptr,
+                            0, 8, PS, ROW, TAIL, 8, EXIT, PACKED, ROLLED, ATOMIC)
 
 
-TIER_TYPES = dict(scores_ptr="*fp32", r2t_ptr="*i32", out_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32")
+TIER_TYPES = dict(scores_ptr="*fp32", r2t_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", k_ptr="*i32", lo_ptr="*i32",
+                  hi_ptr="*i32")
 
 
 def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
-    """SASS instructions, BAR.SYNC and ATOMS of one top-k tier (ROW + TAIL lanes) of a histogram variant, as the
-    fused row kernel runs it."""
+    """SASS instructions, BAR.SYNC, ATOMS (shared) and ATOMG/REDG (global atomics) of one top-k tier (ROW + TAIL
+    lanes) of a histogram variant, as the fused row kernel runs it."""
     v = topk.TOPK_VARIANTS[variant]
-    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed, ROLLED=v.rolled)
+    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic)
     kernel = compile_kernel(_one_tier, TIER_TYPES, consts, {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
     ins = [line for line in cuobjdump(kernel, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     return {"instructions": len(ins), "barriers": sum("BAR.SYNC" in i for i in ins),
-            "shared_atomics": sum("ATOMS" in i for i in ins), "resources": kernel_resources(kernel)}
+            "shared_atomics": sum("ATOMS" in i for i in ins),
+            "global_atomics": sum("ATOMG" in i or "REDG" in i or "RED.E" in i for i in ins),
+            "resources": kernel_resources(kernel)}
 
 
 def print_tiers(arch: int) -> None:
     tiers = [(topk.SELECT_FINE[0], 0), (topk.SELECT_FINE[0], topk.SELECT_FINE[1]), (topk.SELECT_ROWS[1], 0),
              *((topk.SELECT_ROWS[1], t) for t in topk.SELECT_TAILS)]
-    for variant in ("fused_exit_narrow", "fused_packed_narrow", "fused_rolled_narrow"):
+    for variant in ("fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow", "fused_atomic_all_narrow"):
         for row, tail in tiers:
             c = tier_sass_counts(row, tail, variant, arch)
             print(f"{variant} tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} "
-                  f"BAR.SYNC, {c['shared_atomics']} ATOMS; {c['resources']}", flush=True)
+                  f"BAR.SYNC, {c['shared_atomics']} ATOMS, {c['global_atomics']} global atomics; {c['resources']}",
+                  flush=True)
 
 
 def main() -> None:

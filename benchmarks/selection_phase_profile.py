@@ -43,12 +43,13 @@ def _stamp(stamps, i, x, STAMP: tl.constexpr):
 
 @triton.jit
 def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
-                        sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, stamps_ptr,
+                        sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        ROLLED: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
+                        ROLLED: tl.constexpr, ATOMIC: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped: NSTAMP
-    stamps a program, the start, then each of PHASES' ends."""
+    stamps a program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
+    and, with ATOMIC, the zeroing of the row's bins)."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -69,20 +70,31 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     _stamp(stamps, 3, r, STAMP)
     out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
+    bins = bins_ptr + r.to(tl.int64) * radix.BINS_PER_ROW
+    if ATOMIC > 0:
+        tl.store(bins + tl.arange(0, radix.BINS_PER_ROW), tl.zeros([radix.BINS_PER_ROW], tl.int32))
+        tl.debug_barrier()
     j = lo + tl.arange(0, ROW)
     key = radix.ukey(scores, j, j < hi)
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = radix.ukey(scores, j2, j2 < hi)
+    else:
+        j2 = j
+        key2 = key
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
     if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
         rnd = tl.zeros([], tl.int32)
+        if ATOMIC == 1:  # the first round by Triton's histogram, the rest by atomics
+            hist = topk._round_histogram(key, key2, prefix, 24, bins, TAIL, False)
+            _stamp(stamps, 4, r, STAMP)
+            prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24)
+            _stamp(stamps, 5, r, STAMP)
+            rnd += 1
         while (exact == 0) & (rnd < 4):
-            hist = radix.bucket_histogram(key, prefix, 24 - 8 * rnd)
-            if TAIL > 0:
-                hist += radix.bucket_histogram(key2, prefix, 24 - 8 * rnd)
+            hist = topk._round_histogram(key, key2, prefix, 24 - 8 * rnd, bins, TAIL, ATOMIC > 0)
             _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
             _stamp(stamps, 5 + 2 * rnd, r, STAMP)
@@ -126,12 +138,13 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
     c, f = layer.case, layer.fields
     b, hq, d = c.q.shape
     row, tail = lanes
+    v = topk.TOPK_VARIANTS[variant]
     _stamped_row_kernel[(b * layer.h,)](
         c.q, layer.lm, c.k_buf, loc, layer.scores, layer.scores.shape[1], c.req_to_token, c.rpi, f["n_pages"],
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
-        c.req_to_token.stride(0), stamps, H=layer.h, G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P,
-        STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0], ROW=row, TAIL=tail,
-        ROLLED=topk.TOPK_VARIANTS[variant].rolled, NSTAMP=STAMPS, STAMP=stamp,
+        topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
+        G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic, NSTAMP=STAMPS, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 

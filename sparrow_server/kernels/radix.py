@@ -8,6 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+BINS_PER_ROW = tl.constexpr(1024)  # int32 bins a row of the atomic histograms: 256 digits for each of 4 rounds
+
 
 @triton.jit
 def ukey(scores_ptr, j, m):
@@ -39,6 +41,23 @@ def bucket_histogram(key, prefix, shift):
     ``prefix``'s (all valid keys in the first round, ``shift`` 24)."""
     live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
     return tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=live)
+
+
+@triton.jit
+def atomic_histogram(key, prefix, shift, bins):
+    """``bucket_histogram``'s counts added into 256 zeroed int32 ``bins`` (global memory) by one atomic a live key:
+    its cost follows the live keys, where Triton 3.6's ``tl.histogram`` costs ballots and popcounts a lane whether
+    live or not, and 256 shared atomics a warp."""
+    live = (key >= 0) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+    tl.atomic_add(bins + ((key >> shift) & 255).to(tl.int32), 1, mask=live, sem="relaxed", scope="cta")
+
+
+@triton.jit
+def read_bins(bins):
+    """The 256 counts of ``atomic_histogram`` once every thread's atomics are done (a block barrier orders them),
+    read from L2, where the atomics ran (``.cg``: not a line of the zeros that L1 may hold)."""
+    tl.debug_barrier()
+    return tl.load(bins + tl.arange(0, 256), cache_modifier=".cg")
 
 
 @triton.jit

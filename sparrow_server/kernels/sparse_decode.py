@@ -26,7 +26,8 @@ from torch import Tensor
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
-    SELECT_ROWS, TOPK_VARIANTS, resolve_variant, select_and_write, select_launches, select_row, tier_launch,
+    SELECT_ROWS, TOPK_VARIANTS, radix_bins, resolve_variant, select_and_write, select_launches, select_row,
+    tier_launch,
 )
 
 SCORE_PROGRAMS = 64   # ``v1``: programs per request of ``page_scores`` (each strides over the candidate pages)
@@ -208,13 +209,13 @@ def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl
 
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
-                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
                 D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
                 UPDATE: tl.constexpr, SELECT: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                 LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                 TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                 FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-                ROLLED: tl.constexpr):
+                ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block."""
@@ -232,9 +233,9 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                STAGES)
     if SELECT:
         tl.debug_barrier()
-        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                   tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
-                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, True, True)
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
+                   r2t_stride, tl.load(k_ptr + b), lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C,
+                   TAILS, BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC, True, True)
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
@@ -246,10 +247,11 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     consts, options = tier_launch(variant)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
+    bins = radix_bins(variant, b * h, out) if select else cand_lo
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        cand_hi, row_indptr, out, bins, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
         STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None, **consts, **options)
 
 

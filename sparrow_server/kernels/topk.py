@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
-from sparrow_server.kernels.radix import (bucket_histogram, count_at_least, histogram_round, histogram_round_packed,
-                                          radix_round, ukey, write_taken, write_taken_packed)
+from sparrow_server.kernels.radix import (BINS_PER_ROW, atomic_histogram, bucket_histogram, count_at_least,
+                                          histogram_round, histogram_round_packed, radix_round, read_bins, ukey,
+                                          write_taken, write_taken_packed)
 
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
@@ -73,12 +75,20 @@ class TopKVariant:
     # so the code fetch is not what a round costs. Its benches: selection 0.8 us less to 0.2 more at batch 16, 0.8-2.1
     # less at 34, 3.3-3.9 less at 64 x 17.4K (at 16K 0.3 more to the same).
     rolled: bool = False
+    # A round's histogram by one global atomic a live key into the row's own 256 bins (``radix.atomic_histogram``),
+    # not Triton's: Triton 3.6 (the GPU hosts' build) lowers ``tl.histogram`` to 9 warp ballots and 8 popcounts a
+    # lane, live or not, then 256 shared atomics a warp, so a round costs what the row's lanes do (call 31's phase
+    # profile: 2.3-2.8 us each at 2,061 candidates, the third round as much as the first). Atomics cost what the
+    # live keys do: after the first round, those sharing the k-th key's top 8 bits. ``atomic`` 1: the rounds after
+    # the first; 2: every round (the first's keys crowd the few digits that sign and exponent take).
+    atomic: int = 0
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
         assert not self.exit_early or self.bits == 8, "the early exit is the histogram rounds'"
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
         assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
+        assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -101,7 +111,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hist64_narrow": _NARROW,
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
                  "fused_packed_narrow": _PACKED,
-                 "fused_rolled_narrow": replace(_PACKED, rolled=True)}
+                 "fused_rolled_narrow": replace(_PACKED, rolled=True),
+                 "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=1),
+                 "fused_atomic_all_narrow": replace(_PACKED, rolled=True, atomic=2)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -171,11 +183,12 @@ def resolve_variant(variant: str | None) -> str:
 
 @triton.jit
 def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr,
-                   indptr_ptr, out_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr,
-                   MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                   TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
-                   FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                   PACKED: tl.constexpr, ROLLED: tl.constexpr, PART: tl.constexpr):
+                   indptr_ptr, out_ptr, bins_ptr, r2t_stride, H: tl.constexpr, PS: tl.constexpr,
+                   SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
+                   TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr,
+                   BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr,
+                   EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr,
+                   PART: tl.constexpr):
     """PART 0: every row. A two-launch variant (``TopKVariant.short_warps``): PART 1 the rows of at most
     FINE_ROW + FINE_TAIL candidates and the rows with nothing to choose, PART 2 the longer rows; each
     launch compiles only its tiers, so the short rows' kernel takes the registers of those alone."""
@@ -190,21 +203,21 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     else:
         mine = k >= 0  # every row
     if mine:
-        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-                   k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE,
-                   FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, PART != 2, PART != 1)
+        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
+                   r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS,
+                   FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC, PART != 2, PART != 1)
 
 
 @triton.jit
-def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride,
-               k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
+def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
+               r2t_stride, k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-               ROLLED: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
+               ROLLED: tl.constexpr, ATOMIC: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
     """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED, ROLLED: ``TopKVariant.exit_early``, ``.packed``,
-    ``.rolled``."""
+    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED, ROLLED, ATOMIC: ``TopKVariant.exit_early``, ``.packed``,
+    ``.rolled``, ``.atomic`` (its histogram bins: ``bins_ptr``'s BINS_PER_ROW of this row)."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -213,20 +226,23 @@ def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, ind
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     out = out_ptr + tl.load(indptr_ptr + r)
     scores = scores_ptr + r.to(tl.int64) * pcap
+    bins = bins_ptr + r.to(tl.int64) * BINS_PER_ROW
     if k > 0:
         if not SHORT:
-            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
+            _topk_long(scores, lo, hi, k, row, out + s, bins, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED, ATOMIC)
         elif hi - lo <= SMALL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, SMALL, 0, BITS, EXIT, PACKED, ROLLED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, bins, h, H, PS, SMALL, 0, BITS, EXIT, PACKED, ROLLED,
+                               ATOMIC)
         elif FINE and hi - lo <= FINE_ROW:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED, ROLLED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, bins, h, H, PS, FINE_ROW, 0, BITS, EXIT, PACKED,
+                               ROLLED, ATOMIC)
         elif FINE and hi - lo <= FINE_ROW + FINE_TAIL:
-            _topk_in_registers(scores, lo, hi, k, row, out + s, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED,
-                               ROLLED)
+            _topk_in_registers(scores, lo, hi, k, row, out + s, bins, h, H, PS, FINE_ROW, FINE_TAIL, BITS, EXIT, PACKED,
+                               ROLLED, ATOMIC)
         elif LONG:
-            _topk_long(scores, lo, hi, k, row, out + s, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED)
+            _topk_long(scores, lo, hi, k, row, out + s, bins, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                       TAIL_C, TAILS, BITS, EXIT, PACKED, ROLLED, ATOMIC)
 
 
 @triton.jit
@@ -253,65 +269,77 @@ def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_p
 
 
 @triton.jit
-def _topk_long(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
+def _topk_long(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-               PACKED: tl.constexpr, ROLLED: tl.constexpr):
+               PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
     """Rows past the short tiers: MEDIUM, then ``even``'s tails (TAILS) or LARGE, then streamed."""
     if hi - lo <= MEDIUM:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, MEDIUM, 0, BITS, EXIT, PACKED, ROLLED, ATOMIC)
     elif TAILS:
-        _topk_past_medium(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
-                          TAIL_C, BITS, EXIT, PACKED, ROLLED)
+        _topk_past_medium(scores, lo, hi, k, row, out, bins, h, H, PS, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B,
+                          TAIL_C, BITS, EXIT, PACKED, ROLLED, ATOMIC)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED, ATOMIC)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
-def _topk_past_medium(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr,
+def _topk_past_medium(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS: tl.constexpr,
                       MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                       TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr,
-                      PACKED: tl.constexpr, ROLLED: tl.constexpr):
+                      PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
     """``even``'s rows past MEDIUM: MEDIUM + the smallest TAIL that fits, in registers (cost grows by
     the tail, not a step to LARGE), then LARGE, then streamed."""
     if hi - lo <= MEDIUM + TAIL_A:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, MEDIUM, TAIL_A, BITS, EXIT, PACKED, ROLLED,
+                           ATOMIC)
     elif hi - lo <= MEDIUM + TAIL_B:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, MEDIUM, TAIL_B, BITS, EXIT, PACKED, ROLLED,
+                           ATOMIC)
     elif hi - lo <= MEDIUM + TAIL_C:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, MEDIUM, TAIL_C, BITS, EXIT, PACKED, ROLLED,
+                           ATOMIC)
     elif hi - lo <= LARGE:
-        _topk_in_registers(scores, lo, hi, k, row, out, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED)
+        _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H, PS, LARGE, 0, BITS, EXIT, PACKED, ROLLED, ATOMIC)
     else:
         _topk_streamed(scores, lo, hi, k, row, out, h, H, PS, CHUNK)
 
 
 @triton.jit
-def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
+def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS: tl.constexpr, ROW: tl.constexpr,
                        TAIL: tl.constexpr, BITS: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-                       ROLLED: tl.constexpr):
+                       ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
     """Top-k of a row of at most ROW + TAIL candidates (TAIL 0 or a power of two: a second register
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
-    holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps)."""
+    holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps;
+    ATOMIC: ``TopKVariant.atomic``'s histograms, into ``bins``)."""
+    if ATOMIC > 0:  # the rounds' bins zeroed, and every thread's zeros stored before any atomic
+        tl.store(bins + tl.arange(0, BINS_PER_ROW), tl.zeros([BINS_PER_ROW], tl.int32))
+        tl.debug_barrier()
     j = lo + tl.arange(0, ROW)
     key = ukey(scores, j, j < hi)
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = ukey(scores, j2, j2 < hi)
+    else:  # not read (TAIL 0): named for ``_round_histogram``'s arguments
+        j2 = j
+        key2 = key
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
     if ROLLED:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
         shift = tl.full([], 32 - BITS, tl.int32)
+        if ATOMIC == 1:  # the first round, where every key is live, by Triton's histogram
+            hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, False)
+            prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
+            shift -= BITS
         while (exact == 0) & (shift >= 0):
-            hist = bucket_histogram(key, prefix, shift)
-            if TAIL > 0:
-                hist += bucket_histogram(key2, prefix, shift)
+            hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, ATOMIC > 0)
             prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
             shift -= BITS
     else:
@@ -348,6 +376,23 @@ def _topk_in_registers(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.c
 
 
 @triton.jit
+def _round_histogram(key, key2, prefix, shift, bins, TAIL: tl.constexpr, ATOMIC: tl.constexpr):
+    """The 256 digit counts of a round (``shift`` 24, 16, 8 or 0) over the row's keys (and ``key2`` with TAIL); by
+    global atomics (ATOMIC) into the round's own quarter of the row's zeroed ``bins``."""
+    if ATOMIC:
+        round_bins = bins + (24 - shift) * 32
+        atomic_histogram(key, prefix, shift, round_bins)
+        if TAIL > 0:
+            atomic_histogram(key2, prefix, shift, round_bins)
+        hist = read_bins(round_bins)
+    else:
+        hist = bucket_histogram(key, prefix, shift)
+        if TAIL > 0:
+            hist += bucket_histogram(key2, prefix, shift)
+    return hist
+
+
+@triton.jit
 def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.constexpr, CHUNK: tl.constexpr):
     """Top-k of a longer row: each round streams the row's keys in CHUNK tiles."""
     offs = tl.arange(0, CHUNK)
@@ -377,7 +422,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed, ROLLED=v.rolled)
+                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
@@ -393,6 +438,14 @@ def select_launches(variant: str | None = None, rows: int | None = None) -> list
     return [({**consts, "PART": 1}, short), ({**consts, "PART": 2}, options)]
 
 
+def radix_bins(variant: str | None, rows: int, out: Tensor) -> Tensor:
+    """The bins of an ``atomic`` variant's histograms for ``rows`` rows (a workspace each launch zeroes first:
+    allocated per call, so under a CUDA graph from the graph's pool), else ``out``, as a pointer never read."""
+    if TOPK_VARIANTS[resolve_variant(variant)].atomic:
+        return torch.empty(rows * BINS_PER_ROW, dtype=torch.int32, device=out.device)
+    return out
+
+
 def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, n_pages: Tensor,
                      count: Tensor, sink: Tensor, k: Tensor, cand_lo: Tensor, cand_hi: Tensor, row_indptr: Tensor,
                      num_kv_heads: int, page_size: int, out: Tensor, variant: str | None = None) -> None:
@@ -404,7 +457,8 @@ def select_and_write(scores: Tensor, req_to_token: Tensor, req_pool_indices: Ten
     ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     """
     rows, pcap = scores.shape
+    bins = radix_bins(variant, rows, out)
     for consts, options in select_launches(variant, rows):
         _select_kernel[(rows,)](scores, pcap, req_to_token, req_pool_indices, n_pages, count, sink, k, cand_lo,
-                                cand_hi, row_indptr, out, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
+                                cand_hi, row_indptr, out, bins, req_to_token.stride(0), H=num_kv_heads, PS=page_size,
                                 **consts, **options)
