@@ -71,35 +71,28 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     _stamp(stamps, 3, r, STAMP)
     out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
     bins = bins_ptr + r.to(tl.int64) * radix.BINS_PER_ROW
-    if ATOMIC > 0:
-        tl.store(bins + tl.arange(0, 1024), tl.zeros([1024], tl.int32))
-        if ATOMIC >= 4:
-            tl.store(bins + 1024 + tl.arange(0, ATOMIC * 256), tl.zeros([ATOMIC * 256], tl.int32))
-        tl.debug_barrier()
+    if ATOMIC:
+        radix.zero_bins(bins)
     j = lo + tl.arange(0, ROW)
     key = radix.ukey(scores, j, j < hi)
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = radix.ukey(scores, j2, j2 < hi)
     else:
-        j2 = j
         key2 = key
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
     if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
         rnd = tl.zeros([], tl.int32)
-        if ATOMIC == 1 or ATOMIC >= 4:  # the first round by Triton's histogram, or spread; the rest by atomics
-            if ATOMIC == 1:
-                hist = topk._round_histogram(key, key2, j, j2, prefix, 24, bins, TAIL, 0)
-            else:
-                hist = topk._round_histogram(key, key2, j, j2, prefix, 24, bins, TAIL, ATOMIC)
+        if ATOMIC:  # the first round by Triton's histogram, the rest by atomics
+            hist = topk._round_histogram(key, key2, prefix, 24, bins, TAIL, False)
             _stamp(stamps, 4, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24)
             _stamp(stamps, 5, r, STAMP)
             rnd += 1
         while (exact == 0) & (rnd < 4):
-            hist = topk._round_histogram(key, key2, j, j2, prefix, 24 - 8 * rnd, bins, TAIL, 1 if ATOMIC > 0 else 0)
+            hist = topk._round_histogram(key, key2, prefix, 24 - 8 * rnd, bins, TAIL, ATOMIC)
             _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24 - 8 * rnd)
             _stamp(stamps, 5 + 2 * rnd, r, STAMP)
@@ -149,7 +142,7 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
         G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
-        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, NSTAMP=STAMPS, STAMP=stamp,
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic, NSTAMP=STAMPS, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 

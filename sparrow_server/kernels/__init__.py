@@ -16,14 +16,11 @@
 # them; ``fused_exit_narrow`` is that whose histogram rounds stop early (TopKVariant.exit_early), and
 # ``fused_packed_narrow`` that in fewer block-wide steps (TopKVariant.packed). Here so that the plug-in's
 # settings can check a name without Triton. ``fused_rolled_narrow``: ``fused_packed_narrow`` whose histogram rounds
-# are a loop to the early exit (TopKVariant.rolled); ``fused_atomic_narrow`` / ``fused_atomic_all_narrow`` that whose
-# rounds after the first / every round count the live keys by global atomics (TopKVariant.atomic);
-# ``fused_spread{4,8,16}_narrow`` ``fused_atomic_all_narrow`` whose first round's atomics spread over that many copies
-# of its bins (TopKVariant.spread).
+# are a loop to the early exit (TopKVariant.rolled); ``fused_atomic_narrow`` that whose rounds after the first count
+# the live keys by global atomics (TopKVariant.atomic).
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
-                   "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow", "fused_atomic_all_narrow",
-                   "fused_spread4_narrow", "fused_spread8_narrow", "fused_spread16_narrow")
+                   "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow")
 # ``fused_hist64_narrow`` (call 25, H200, benchmarks/results/speed/call25/): at batch 16 (128 rows) selection 36.3 vs
 # ``short8_hist40_wide``'s 38.6 us per layer at 32K, 41.7 vs 45.1 at 33K, 44.1 vs 48.9 at 40K (16K: 21.9 vs 23.8); past
 # 264 rows ``short8_hist40_wide``'s own launches (call 24: 67.9 vs ``fine_hist64``'s 78.2 us at 16K x 64, rollout A
@@ -35,4 +32,8 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # ``fused_rolled_narrow`` (call 31, H200, benchmarks/results/speed/call31/): picked in both of its benches (summed over
 # six contexts at batch 16: 230.5 vs 233.9 and 230.7 vs 231.9 us; batch 34: 0.8-2.1 us less a case; batch 64 at
 # 17.4K: 73.6 vs 76.9 and 73.4 vs 77.3, at 16K within 0.3).
-DEFAULT_SELECT_VARIANT = "fused_rolled_narrow"
+# ``fused_atomic_narrow`` (call 32, H200, benchmarks/results/speed/call32/): picked in both of its benches, less
+# selection than ``fused_rolled_narrow`` in every case (summed over six contexts at batch 16: 208.2 vs 234.1 and 207.0
+# vs 231.5 us; 33K x 16: 33.9 vs 39.6 and 33.8 vs 39.0; batch 34: 69.1-72.7 vs 78.1-81.3; batch 64: 61.8-68.4 vs
+# 64.0-74.0).
+DEFAULT_SELECT_VARIANT = "fused_atomic_narrow"

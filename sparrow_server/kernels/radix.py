@@ -8,8 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# int32 bins a row of the atomic histograms: 256 digits for each of 4 rounds, then up to 16 copies of the first's
-BINS_PER_ROW = tl.constexpr(1024 + 16 * 256)
+BINS_PER_ROW = tl.constexpr(768)  # int32 bins a row of the atomic histograms: 256 digits for each of rounds 2-4
 
 
 @triton.jit
@@ -45,6 +44,14 @@ def bucket_histogram(key, prefix, shift):
 
 
 @triton.jit
+def zero_bins(bins):
+    """A row's BINS_PER_ROW bins zeroed, every thread's zeros stored before the barrier (so before any atomic)."""
+    offs = tl.arange(0, 1024)
+    tl.store(bins + offs, tl.zeros([1024], tl.int32), mask=offs < BINS_PER_ROW)
+    tl.debug_barrier()
+
+
+@triton.jit
 def atomic_histogram(key, prefix, shift, bins):
     """``bucket_histogram``'s counts added into 256 zeroed int32 ``bins`` (global memory) by one atomic a live key:
     its cost follows the live keys, where Triton 3.6's ``tl.histogram`` costs ballots and popcounts a lane whether
@@ -59,23 +66,6 @@ def read_bins(bins):
     read from L2, where the atomics ran (``.cg``: not a line of the zeros that L1 may hold)."""
     tl.debug_barrier()
     return tl.load(bins + tl.arange(0, 256), cache_modifier=".cg")
-
-
-@triton.jit
-def spread_histogram(key, j, bins, COPIES: tl.constexpr):
-    """The first round's counts (every valid key live, top 8 bits) by one global atomic a key into COPIES copies of
-    256 zeroed bins, key ``j``'s into copy j % COPIES: a warp's adjacent lanes land apart, so the keys that crowd
-    the few digits of sign and exponent queue at COPIES addresses each, not one."""
-    copy = (j % COPIES) * 256
-    tl.atomic_add(bins + copy + ((key >> 24) & 255).to(tl.int32), 1, mask=key >= 0, sem="relaxed", scope="cta")
-
-
-@triton.jit
-def read_spread_bins(bins, COPIES: tl.constexpr):
-    """``spread_histogram``'s copies summed, once every thread's atomics are done (as ``read_bins``)."""
-    tl.debug_barrier()
-    copies = tl.load(bins + tl.arange(0, COPIES)[:, None] * 256 + tl.arange(0, 256)[None, :], cache_modifier=".cg")
-    return tl.sum(copies, axis=0)
 
 
 @triton.jit

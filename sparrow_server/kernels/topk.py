@@ -15,8 +15,8 @@ from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.radix import (BINS_PER_ROW, atomic_histogram, bucket_histogram, count_at_least,
-                                          histogram_round, histogram_round_packed, radix_round, read_bins,
-                                          read_spread_bins, spread_histogram, ukey, write_taken, write_taken_packed)
+                                          histogram_round, histogram_round_packed, radix_round, read_bins, ukey,
+                                          write_taken, write_taken_packed, zero_bins)
 
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
@@ -75,16 +75,16 @@ class TopKVariant:
     # so the code fetch is not what a round costs. Its benches: selection 0.8 us less to 0.2 more at batch 16, 0.8-2.1
     # less at 34, 3.3-3.9 less at 64 x 17.4K (at 16K 0.3 more to the same).
     rolled: bool = False
-    # A round's histogram by one global atomic a live key into the row's own 256 bins (``radix.atomic_histogram``),
-    # not Triton's: Triton 3.6 (the GPU hosts' build) lowers ``tl.histogram`` to 9 warp ballots and 8 popcounts a
-    # lane, live or not, then 256 shared atomics a warp, so a round costs what the row's lanes do (call 31's phase
-    # profile: 2.3-2.8 us each at 2,061 candidates, the third round as much as the first). Atomics cost what the
-    # live keys do: after the first round, those sharing the k-th key's top 8 bits. ``atomic`` 1: the rounds after
-    # the first; 2: every round (the first's keys crowd the few digits that sign and exponent take).
-    atomic: int = 0
-    # With ``atomic`` 2: the first round's atomics (every key live, crowding the few digits of sign and exponent) into
-    # ``spread`` copies of its bins, key j's into copy j % spread (adjacent lanes apart), summed when read.
-    spread: int = 1
+    # The rounds after the first by one global atomic a live key into the row's own 256 bins a round
+    # (``radix.atomic_histogram``), not Triton's histogram: Triton 3.6 (the GPU hosts' build) lowers ``tl.histogram``
+    # to 9 warp ballots and 8 popcounts a key, live or not, then 256 shared atomics a warp, so a round cost what the
+    # row's lanes do (call 31's phase profile: 2.3-2.8 us each at 2,061 candidates, the third round as much as the
+    # first). Atomics cost what the live keys do: after the first round, those sharing the k-th key's top 8 bits.
+    # Call 32's phase profile at 33K x 16: rounds 2 and 3 0.4 + 0.9 and 0.35 + 0.65 us (histogram + scan) against
+    # 2.4 + 0.55 each. The first round stays Triton's: every key is live there and crowds the few digits that sign and
+    # exponent take, so its atomics queue (by atomics too, its histogram and scan took 4.3 us against 3.9; spread over
+    # 4, 8 or 16 copies of its bins, key j's into copy j % n, 4.7-6.9).
+    atomic: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -92,13 +92,6 @@ class TopKVariant:
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
         assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
         assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
-        assert self.spread == 1 or (self.atomic == 2 and self.spread in (4, 8, 16)), "spread: the first round's atomics"
-
-    @property
-    def atomic_code(self) -> int:
-        """The kernels' ATOMIC: 0 Triton's histograms, 1 atomics after the first round, 2 atomics every round, n >= 4
-        atomics every round, the first's over n copies of its bins."""
-        return self.spread if self.spread > 1 else self.atomic
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -122,11 +115,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
                  "fused_packed_narrow": _PACKED,
                  "fused_rolled_narrow": replace(_PACKED, rolled=True),
-                 "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=1),
-                 "fused_atomic_all_narrow": replace(_PACKED, rolled=True, atomic=2),
-                 "fused_spread4_narrow": replace(_PACKED, rolled=True, atomic=2, spread=4),
-                 "fused_spread8_narrow": replace(_PACKED, rolled=True, atomic=2, spread=8),
-                 "fused_spread16_narrow": replace(_PACKED, rolled=True, atomic=2, spread=16)}
+                 "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -173,6 +162,9 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # tier: at one context a budget of 128, 256 or 512 pages moved it by up to 3.2 us
 # (``benchmarks/results/speed/call30/``).
 # ``fused_rolled_narrow``: ``fused_packed_narrow`` whose histogram rounds are a loop (TopKVariant.rolled).
+# ``fused_atomic_narrow``: that whose rounds after the first count by global atomics (TopKVariant.atomic). Nor are
+# every round by atomics, or the first round's atomics spread over 4, 8 or 16 copies of its bins: slower than it in
+# every case of call 32's benches (``benchmarks/results/speed/call32/``).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
@@ -330,18 +322,14 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
     holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps;
     ATOMIC: ``TopKVariant.atomic``'s histograms, into ``bins``)."""
-    if ATOMIC > 0:  # the rounds' bins zeroed (and the first's copies), every thread's zeros stored before any atomic
-        tl.store(bins + tl.arange(0, 1024), tl.zeros([1024], tl.int32))
-        if ATOMIC >= 4:
-            tl.store(bins + 1024 + tl.arange(0, ATOMIC * 256), tl.zeros([ATOMIC * 256], tl.int32))
-        tl.debug_barrier()
+    if ATOMIC:  # the rounds' bins zeroed, every thread's zeros stored before any atomic
+        zero_bins(bins)
     j = lo + tl.arange(0, ROW)
     key = ukey(scores, j, j < hi)
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = ukey(scores, j2, j2 < hi)
     else:  # not read (TAIL 0): named for ``_round_histogram``'s arguments
-        j2 = j
         key2 = key
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
@@ -349,15 +337,12 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
     if ROLLED:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
         shift = tl.full([], 32 - BITS, tl.int32)
-        if ATOMIC == 1 or ATOMIC >= 4:  # the first round, where every key is live: Triton's histogram, or spread
-            if ATOMIC == 1:
-                hist = _round_histogram(key, key2, j, j2, prefix, shift, bins, TAIL, 0)
-            else:
-                hist = _round_histogram(key, key2, j, j2, prefix, shift, bins, TAIL, ATOMIC)
+        if ATOMIC:  # the first round, where every key is live, by Triton's histogram
+            hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, False)
             prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
             shift -= BITS
         while (exact == 0) & (shift >= 0):
-            hist = _round_histogram(key, key2, j, j2, prefix, shift, bins, TAIL, 1 if ATOMIC > 0 else 0)
+            hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, ATOMIC)
             prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
             shift -= BITS
     else:
@@ -394,17 +379,11 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
 
 
 @triton.jit
-def _round_histogram(key, key2, j, j2, prefix, shift, bins, TAIL: tl.constexpr, HOW: tl.constexpr):
-    """The 256 digit counts of a round (``shift`` 24, 16, 8 or 0) over the row's keys ``j`` (and ``j2`` with TAIL):
-    HOW 0 Triton's histogram; 1 global atomics into the round's own quarter of the row's zeroed ``bins``; n >= 4
-    (the first round) atomics into n copies after those quarters, key j's into copy j % n."""
-    if HOW >= 4:
-        spread_histogram(key, j, bins + 1024, HOW)
-        if TAIL > 0:
-            spread_histogram(key2, j2, bins + 1024, HOW)
-        hist = read_spread_bins(bins + 1024, HOW)
-    elif HOW == 1:
-        round_bins = bins + (24 - shift) * 32
+def _round_histogram(key, key2, prefix, shift, bins, TAIL: tl.constexpr, ATOMIC: tl.constexpr):
+    """The 256 digit counts of a round (``shift`` 24, 16, 8 or 0) over the row's keys (and ``key2`` with TAIL): by
+    Triton's histogram, or (ATOMIC, a round after the first) by global atomics into the round's own zeroed bins."""
+    if ATOMIC:
+        round_bins = bins + (16 - shift) * 32  # rounds 2-4 (shift 16, 8, 0): bins 0, 256, 512
         atomic_histogram(key, prefix, shift, round_bins)
         if TAIL > 0:
             atomic_histogram(key2, prefix, shift, round_bins)
@@ -446,7 +425,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic_code)
+                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
