@@ -100,6 +100,11 @@ BREAKS = (
           "round_bins = bins + (16 - shift) * 32", "round_bins = bins",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
+    Break("atomic_bins_read_unsynced", "the atomic histograms' bins read without the block barrier after the atomics "
+          "(fused_atomic_narrow, the default since call 32)", RADIX,
+          "tl.debug_barrier()\n    return tl.load(bins + tl.arange(0, 256)", "return tl.load(bins + tl.arange(0, 256)",
+          (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
+           f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

@@ -62,8 +62,9 @@ def atomic_histogram(key, prefix, shift, bins):
 
 @triton.jit
 def read_bins(bins):
-    """The 256 counts of ``atomic_histogram`` once every thread's atomics are done (a block barrier orders them),
-    read from L2, where the atomics ran (``.cg``: not a line of the zeros that L1 may hold)."""
+    """The 256 counts of ``atomic_histogram`` once every thread's atomics are done: the block barrier orders them before
+    the read (without it the GPU kernel tests of ``fused_atomic_narrow`` fail, call 32's breaks). Read ``.cg``, from
+    L2 where the atomics ran, as a precaution: read through L1 the same tests passed on an H200."""
     tl.debug_barrier()
     return tl.load(bins + tl.arange(0, 256), cache_modifier=".cg")
 
