@@ -85,10 +85,19 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     exact = tl.zeros([], tl.int32)
     if ROLLED:  # topk.TopKVariant.rolled: the rounds a loop; the stamps of the rounds it skips all at its end
         rnd = tl.zeros([], tl.int32)
-        if ATOMIC:  # the first round by Triton's histogram, the rest by atomics
+        if ATOMIC == 1:  # the first round by Triton's histogram, the rest by atomics
             hist = topk._round_histogram(key, key2, prefix, 24, bins, TAIL, False)
             _stamp(stamps, 4, r, STAMP)
             prefix, n_gt, exact = radix.histogram_round_packed(hist, k, n_gt, prefix, 24)
+            _stamp(stamps, 5, r, STAMP)
+            rnd += 1
+        elif ATOMIC == 2:  # the first round against the top digits; its "scan 1": the histogram where they miss
+            prefix, n_gt, exact, found = radix.top_digits_round(key, key2, k, TAIL)
+            _stamp(stamps, 4, r, STAMP)
+            if found == 0:
+                hist = topk._round_histogram(key, key2, tl.zeros([], tl.int64), 24, bins, TAIL, False)
+                prefix, n_gt, exact = radix.histogram_round_packed(hist, k, tl.zeros([], tl.int32),
+                                                                   tl.zeros([], tl.int64), 24)
             _stamp(stamps, 5, r, STAMP)
             rnd += 1
         while (exact == 0) & (rnd < 4):
@@ -142,7 +151,7 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
         G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
-        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic, NSTAMP=STAMPS, STAMP=stamp,
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, NSTAMP=STAMPS, STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 BINS_PER_ROW = tl.constexpr(768)  # int32 bins a row of the atomic histograms: 256 digits for each of rounds 2-4
+TOP_DIGITS = tl.constexpr(32)  # ``top_digits_round``'s bins: distances of 0-30 digits below the highest key, then more
 
 
 @triton.jit
@@ -67,6 +68,30 @@ def read_bins(bins):
     L2 where the atomics ran, as a precaution: read through L1 the same tests passed on an H200."""
     tl.debug_barrier()
     return tl.load(bins + tl.arange(0, 256), cache_modifier=".cg")
+
+
+@triton.jit
+def top_digits_round(key, key2, k, TAIL: tl.constexpr):
+    """The first round (top 8 bits) by a 32-bin histogram of each key's distance in digits below the highest key's
+    (the last bin: 31 or more): Triton 3.6 lowers it to 6 ballots and a popcount a key, the 256-bin one to 9 and 8. The
+    k-th largest key's digit is the first distance with at least ``k`` keys at or above it (``key2``: a second
+    block, with TAIL). Returns ``histogram_round_packed``'s (prefix, keys above its bucket, exact) and 1 if that
+    digit is within 30 of the top, else 0 (the caller then takes the round by the 256-bin histogram)."""
+    top = tl.max(key, axis=0)
+    if TAIL > 0:
+        top = tl.maximum(top, tl.max(key2, axis=0))
+    hist = tl.histogram(tl.minimum((top >> 24) - (key >> 24), TOP_DIGITS - 1).to(tl.int32), TOP_DIGITS,
+                        mask=key >= 0)
+    if TAIL > 0:
+        hist += tl.histogram(tl.minimum((top >> 24) - (key2 >> 24), TOP_DIGITS - 1).to(tl.int32), TOP_DIGITS,
+                             mask=key2 >= 0)
+    at_least = tl.cumsum(hist, axis=0)  # keys at most c digits below the top: rises with c
+    # the k-th key's distance is the first with k or more: fewer before it, exactly k iff any distance has k
+    fewer = at_least < k
+    packed = tl.sum(fewer.to(tl.int32) + ((at_least == k).to(tl.int32) << 8), axis=0)
+    sel = packed & 255
+    above = tl.max(tl.where(fewer, at_least, 0), axis=0)
+    return ((top >> 24) - sel) << 24, above, ((packed >> 8) > 0).to(tl.int32), (sel < TOP_DIGITS - 1).to(tl.int32)
 
 
 @triton.jit

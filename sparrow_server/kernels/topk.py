@@ -15,8 +15,8 @@ from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
 from sparrow_server.kernels.radix import (BINS_PER_ROW, atomic_histogram, bucket_histogram, count_at_least,
-                                          histogram_round, histogram_round_packed, radix_round, read_bins, ukey,
-                                          write_taken, write_taken_packed, zero_bins)
+                                          histogram_round, histogram_round_packed, radix_round, read_bins,
+                                          top_digits_round, ukey, write_taken, write_taken_packed, zero_bins)
 
 SELECT_ROWS = (512, 2048, 4096)  # candidate counts up to which a row's scores are held in registers
 SELECT_TAILS = (256, 512, 1024)  # ``even``: rows of 2048 + TAIL candidates, held as two register blocks
@@ -85,6 +85,10 @@ class TopKVariant:
     # exponent take, so its atomics queue (by atomics too, its histogram and scan took 4.3 us against 3.9; spread over
     # 4, 8 or 16 copies of its bins, key j's into copy j % n, 4.7-6.9).
     atomic: bool = False
+    # With ``atomic``: the first round by a 32-bin histogram of each key's distance in digits below the row's highest
+    # key (``radix.top_digits_round``; Triton 3.6 lowers it to 6 ballots and a popcount a key, the 256-bin one to 9 and
+    # 8), the 256-bin histogram only where the k-th key lies 31 or more digits below the highest.
+    top_digits: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -92,6 +96,13 @@ class TopKVariant:
         assert not self.packed or self.bits == 8, "the packed steps are the histogram rounds'"
         assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
         assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
+        assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
+
+    @property
+    def atomic_code(self) -> int:
+        """The kernels' ATOMIC: 0 Triton's histogram every round; 1 the rounds after its first by atomics; 2 those
+        after a first round against the top digits (``top_digits``)."""
+        return 2 if self.top_digits else int(self.atomic)
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
@@ -115,7 +126,8 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_exit_narrow": replace(_NARROW, exit_early=True),
                  "fused_packed_narrow": _PACKED,
                  "fused_rolled_narrow": replace(_PACKED, rolled=True),
-                 "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=True)}
+                 "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=True),
+                 "fused_topdigits_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -337,9 +349,16 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     exact = tl.zeros([], tl.int32)  # the last round's bucket holds exactly the keys still needed
     if ROLLED:  # TopKVariant.rolled: one copy of a round's code, run until the early exit's bucket
         shift = tl.full([], 32 - BITS, tl.int32)
-        if ATOMIC:  # the first round, where every key is live, by Triton's histogram
+        if ATOMIC == 1:  # the first round, where every key is live, by Triton's histogram
             hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, False)
             prefix, n_gt, exact = histogram_round_packed(hist, k, n_gt, prefix, shift)
+            shift -= BITS
+        elif ATOMIC == 2:  # against the top digits; Triton's histogram where the k-th key lies below them
+            prefix, n_gt, exact, found = top_digits_round(key, key2, k, TAIL)
+            if found == 0:
+                hist = _round_histogram(key, key2, tl.zeros([], tl.int64), shift, bins, TAIL, False)
+                prefix, n_gt, exact = histogram_round_packed(hist, k, tl.zeros([], tl.int32), tl.zeros([], tl.int64),
+                                                             shift)
             shift -= BITS
         while (exact == 0) & (shift >= 0):
             hist = _round_histogram(key, key2, prefix, shift, bins, TAIL, ATOMIC)
@@ -425,7 +444,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic)
+                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic_code)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
