@@ -87,7 +87,9 @@ class TopKVariant:
     atomic: bool = False
     # With ``atomic``: the first round by a 32-bin histogram of each key's distance in digits below the row's highest
     # key (``radix.top_digits_round``; Triton 3.6 lowers it to 6 ballots and a popcount a key, the 256-bin one to 9 and
-    # 8), the 256-bin histogram only where the k-th key lies 31 or more digits below the highest.
+    # 8), the 256-bin histogram only where the k-th key lies 31 or more digits below the highest. Call 32's bench at
+    # batch 16 (one host): selection 201.2 against ``fused_atomic_narrow``'s 207.4 us summed over six contexts, less in
+    # each (32.8 against 33.8 at 33K); not yet benched at batch 34 or 64, nor the default.
     top_digits: bool = False
 
     def __post_init__(self):
@@ -176,7 +178,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_rolled_narrow``: ``fused_packed_narrow`` whose histogram rounds are a loop (TopKVariant.rolled).
 # ``fused_atomic_narrow``: that whose rounds after the first count by global atomics (TopKVariant.atomic). Nor are
 # every round by atomics, or the first round's atomics spread over 4, 8 or 16 copies of its bins: slower than it in
-# every case of call 32's benches (``benchmarks/results/speed/call32/``).
+# every case of call 32's benches (``benchmarks/results/speed/call32/``). ``fused_topdigits_narrow``: that whose first
+# round counts each key's distance in digits below the row's highest key (TopKVariant.top_digits).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
