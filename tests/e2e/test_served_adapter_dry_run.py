@@ -12,14 +12,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_text, host_stage, packed,
-                                   script_cmd)
+from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_cpu_s, help_text, host_stage,
+                                   packed, script_cmd)
 from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]
@@ -38,10 +37,9 @@ def _fake_adapter(path: Path, rank: int = 16) -> Path:
 
 
 def test_help_is_fast_and_imports_nothing_heavy():
-    t0 = time.monotonic()
     text = help_text("served_adapter.py")
     assert "--adapter" in text and "--distill-summary" in text and "autopilot" in text
-    assert time.monotonic() - t0 < 1.5
+    assert help_cpu_s("served_adapter.py") < 1.0
     assert heavy_imports("served_adapter") == []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import resource
 import subprocess
 import sys
 import tarfile
@@ -25,6 +26,14 @@ def help_text(script: str) -> str:
                          env=ENV)
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def help_cpu_s(script: str) -> float:
+    """CPU seconds ``script --help`` took: unlike its wall time, not stretched when CI's two cores are busy."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    help_text(script)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def heavy_imports(module: str) -> list[str]:
