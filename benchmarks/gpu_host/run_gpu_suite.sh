@@ -59,7 +59,7 @@ module() {  # module GPUS NAME [SHARD -k EXPR]: tests/gpu/test_NAME.py (those of
   mkdir -p "$W/$run"
   log "start $run on GPU $gpus"
   CUDA_VISIBLE_DEVICES=$gpus OUT="$W/$run" timeout "${MODULE_TIMEOUT_S:-500}" python3 -m pytest -q -p no:cacheprovider -rfEs \
-    --basetemp="/tmp/pytest-$run" ${expr:+-k "$expr"} "tests/gpu/test_$name.py" > "$W/$run/pytest.log" 2>&1
+    --durations=25 --basetemp="/tmp/pytest-$run" ${expr:+-k "$expr"} "tests/gpu/test_$name.py" > "$W/$run/pytest.log" 2>&1
   local rc=$?
   echo "$run (GPU $gpus, rc $rc, $(( $(date +%s) - T0 )) s into part $PART): $(tail -n 1 "$W/$run/pytest.log")" \
     >> "$W/summary.txt"
@@ -67,20 +67,24 @@ module() {  # module GPUS NAME [SHARD -k EXPR]: tests/gpu/test_NAME.py (those of
   log "done $run rc=$rc: $(tail -n 1 "$W/$run/pytest.log")"
 }
 
-# The sparse-kernel module in two halves (rows past 2,048 candidates for every variant, ~95 s of its 212 alone, and the
-# rest): whole, beside the other modules, it ran past 540 s in calls 26 and 27 (61 of 68 tests done at 540 s). The
-# halves together are every test of it, each once (tests/e2e/test_gpu_suite_scripts.py checks that).
-KERNEL_SHARD_EXPR="rows_past_2048"
+# The sparse-kernel module in three shards (rows past 2,048 candidates for every variant, the selection at a 40K
+# context for every variant, and the rest): whole, beside the other modules, it ran past 540 s in calls 26 and 27 (61
+# of 68 tests done at 540 s), and its second half of two took 506 of 540 s in call 32. The shards together are every
+# test of it, each once (tests/e2e/test_gpu_suite_scripts.py checks that).
+KERNEL_LONG_ROWS_EXPR="rows_past_2048"
+KERNEL_AT_40K_EXPR="select_pages_at_40k"
+KERNEL_REST_EXPR="not ($KERNEL_LONG_ROWS_EXPR or $KERNEL_AT_40K_EXPR)"
 
 G=${SUITE_GPU:-0}  # the card of a single-module part
 case "$PART" in
   all)
     [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
     MODULE_TIMEOUT_S=${MODULE_TIMEOUT_S:-480}  # the whole command stays inside one device call (< 9 min)
-    # the kernel module on GPU 1, in two halves: beside the seven GPU-0 modules it ran past 540 s in call 26, and
-    # whole beside the other GPU-1 modules in call 27
+    # the kernel module in three shards, two on GPU 1 and one on GPU 0: beside the seven GPU-0 modules it ran past
+    # 540 s in call 26, whole beside the other GPU-1 modules in call 27, and its larger half took 506 s in call 32
     module 0 sglang_serving & module 0 sglang_service & module 0 cross_engine &
-    module 1 sparse_kernels long_rows "$KERNEL_SHARD_EXPR" & module 1 sparse_kernels rest "not ($KERNEL_SHARD_EXPR)" &
+    module 1 sparse_kernels long_rows "$KERNEL_LONG_ROWS_EXPR" & module 0 sparse_kernels at_40k "$KERNEL_AT_40K_EXPR" &
+    module 1 sparse_kernels rest "$KERNEL_REST_EXPR" &
     module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 1 sglang_trainer_compat &
     module 1 grouped_query_heads & module 0,1 sglang_tp & wait ;;
   1)

@@ -141,13 +141,17 @@ def _collected(*k_args: str) -> set[str]:
     return {line for line in done.stdout.splitlines() if "::" in line}
 
 
-def test_the_suite_s_kernel_halves_are_the_whole_module_each_test_once():
-    """`run_gpu_suite.sh all` runs the sparse-kernel module as two pytest runs (-k EXPR and -k "not (EXPR)"):
-    together they are every test of the module, neither empty, none in both."""
+def test_the_suite_s_kernel_shards_are_the_whole_module_each_test_once():
+    """`run_gpu_suite.sh all` runs the sparse-kernel module as three pytest runs (-k LONG_ROWS, -k AT_40K and -k REST):
+    together they are every test of the module, none empty, none in two."""
     script = (ROOT / "benchmarks/gpu_host/run_gpu_suite.sh").read_text()
-    expr = next(line.split("=", 1)[1].strip('"') for line in script.splitlines()
-                if line.startswith("KERNEL_SHARD_EXPR="))
-    assert '"$KERNEL_SHARD_EXPR"' in script and '"not ($KERNEL_SHARD_EXPR)"' in script
-    whole, half, rest = _collected(), _collected("-k", expr), _collected("-k", f"not ({expr})")
-    assert half and rest and not half & rest
-    assert half | rest == whole and len(whole) > 60
+    exprs = {line.split("=", 1)[0]: line.split("=", 1)[1].strip('"') for line in script.splitlines()
+             if line.startswith("KERNEL_") and "_EXPR=" in line}
+    names = ["KERNEL_LONG_ROWS_EXPR", "KERNEL_AT_40K_EXPR", "KERNEL_REST_EXPR"]
+    assert sorted(exprs) == sorted(names) and all(f'"${name}"' in script for name in names)
+    rest = exprs["KERNEL_REST_EXPR"].replace("$KERNEL_LONG_ROWS_EXPR", exprs["KERNEL_LONG_ROWS_EXPR"])
+    rest = rest.replace("$KERNEL_AT_40K_EXPR", exprs["KERNEL_AT_40K_EXPR"])
+    whole = _collected()
+    shards = [_collected("-k", expr) for expr in (exprs["KERNEL_LONG_ROWS_EXPR"], exprs["KERNEL_AT_40K_EXPR"], rest)]
+    assert all(shards) and sum(len(shard) for shard in shards) == len(whole)
+    assert set().union(*shards) == whole and len(whole) > 60
