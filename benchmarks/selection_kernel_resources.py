@@ -87,7 +87,8 @@ def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
     """SASS instructions, BAR.SYNC, ATOMS (shared) and ATOMG/REDG (global atomics) of one top-k tier (ROW + TAIL
     lanes) of a histogram variant, as the fused row kernel runs it."""
     v = topk.TOPK_VARIANTS[variant]
-    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic_code)
+    consts = dict(PS=16, ROW=row, TAIL=tail, EXIT=v.exit_early, PACKED=v.packed_code, ROLLED=v.rolled,
+                  ATOMIC=v.atomic_code)
     kernel = compile_kernel(_one_tier, TIER_TYPES, consts, {"num_warps": topk.SELECT_WARPS, "maxnreg": 64}, arch)
     ins = [line for line in cuobjdump(kernel, "-sass").splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
     return {"instructions": len(ins), "barriers": sum("BAR.SYNC" in i for i in ins),
@@ -99,7 +100,8 @@ def tier_sass_counts(row: int, tail: int, variant: str, arch: int) -> dict:
 def print_tiers(arch: int) -> None:
     tiers = [(topk.SELECT_FINE[0], 0), (topk.SELECT_FINE[0], topk.SELECT_FINE[1]), (topk.SELECT_ROWS[1], 0),
              *((topk.SELECT_ROWS[1], t) for t in topk.SELECT_TAILS)]
-    for variant in ("fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow"):
+    for variant in ("fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
+                    "fused_joint_narrow"):
         for row, tail in tiers:
             c = tier_sass_counts(row, tail, variant, arch)
             print(f"{variant} tier {row} + {tail:4} lanes: {c['instructions']} SASS instructions, {c['barriers']} "

@@ -46,7 +46,8 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
                         H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                         STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        ROLLED: tl.constexpr, ATOMIC: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
+                        ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr, NSTAMP: tl.constexpr,
+                        STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped: NSTAMP
     stamps a program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
     and, with ATOMIC, the zeroing of the row's bins)."""
@@ -122,9 +123,12 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
                 _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             _stamp(stamps, 5 + 2 * rnd, r, STAMP)
     zero = tl.zeros([], tl.int32)
-    n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
-    if TAIL > 0:
-        radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    if JOINT and (TAIL > 0):  # topk.TopKVariant.joint_write
+        radix.write_taken_joint(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS)
+    else:
+        n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
+        if TAIL > 0:
+            radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
     _stamp(stamps, NSTAMP - 1, r, STAMP)
 
 
@@ -151,7 +155,8 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
         topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
         G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
-        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, NSTAMP=STAMPS, STAMP=stamp,
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, JOINT=v.joint_write, NSTAMP=STAMPS,
+        STAMP=stamp,
         **topk.tier_launch(variant)[1])
 
 

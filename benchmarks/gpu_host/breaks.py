@@ -105,6 +105,12 @@ BREAKS = (
           "tl.debug_barrier()\n    return tl.load(bins + tl.arange(0, 256)", "return tl.load(bins + tl.arange(0, 256)",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
+    Break("joint_write_second_block_unranked", "the joint write ranks a row's second register block as if no key of "
+          "the first were taken (fused_joint_narrow)", RADIX,
+          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)",
+          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, zero, zero)",
+          (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
+           f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

@@ -1,6 +1,6 @@
 """Triton building blocks of the exact radix top-k (``topk``): order-preserving integer keys of fp32 scores,
 one radix round (2-bit compares or an 8-bit histogram, plain or in fewer block-wide steps), and the index write of
-the keys a search took, in page order. At one row per SM the top-k is a chain of the block-wide reductions these
+the keys a search took, in page order (block by block, or both blocks of a row ranked before either gathers). At one row per SM the top-k is a chain of the block-wide reductions these
 make (``benchmarks/selection_kernel_resources.py --tiers`` counts their barriers), so the packed forms fold them.
 """
 from __future__ import annotations
@@ -141,10 +141,11 @@ def write_taken(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexp
 
 
 @triton.jit
-def write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
-    """``write_taken`` in one scan (and one sum for the running counts, unused after the last block): a taken key's
-    rank is the keys above ``prefix`` up to it plus the equal ones taken up to it, the first ``need`` of them
-    overall (``n_eq`` before this block). Counts of one block fit 16 bits (at most LARGE keys)."""
+def taken_ranks_packed(key, prefix, need, n_eq, n_taken):
+    """``write_taken``'s choice in one scan (and one sum for the running counts, unused after the last block): a taken
+    key's rank is the keys above ``prefix`` up to it plus the equal ones taken up to it, the first ``need`` of them
+    overall (``n_eq`` before this block). Counts of one block fit 16 bits (at most LARGE keys). Returns (taken, rank,
+    running n_eq, running n_taken)."""
     gt = key > prefix
     eq = key == prefix
     upto = tl.cumsum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)  # inclusive: above (low 16 bits), equal
@@ -152,8 +153,29 @@ def write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.c
     take = gt | (eq & (eq_upto <= need))
     before = tl.minimum(n_eq, need)  # equal keys taken in earlier blocks
     rank = n_taken + (upto & 0xFFFF) + tl.minimum(eq_upto, need) - before - 1
-    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    tl.store(out + rank, slot * H + h, mask=take)
     total = tl.sum(gt.to(tl.int32) + (eq.to(tl.int32) << 16), axis=0)
     n_eq_all = n_eq + (total >> 16)
-    return n_eq_all, n_taken + (total & 0xFFFF) + tl.minimum(n_eq_all, need) - before
+    return take, rank, n_eq_all, n_taken + (total & 0xFFFF) + tl.minimum(n_eq_all, need) - before
+
+
+@triton.jit
+def write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.constexpr, PS: tl.constexpr):
+    """``write_taken`` in fewer block-wide steps (``taken_ranks_packed``)."""
+    take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, n_eq, n_taken)
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+    return n_eq, n_taken
+
+
+@triton.jit
+def write_taken_joint(key, j, key2, j2, prefix, need, row, out, h, H: tl.constexpr, PS: tl.constexpr):
+    """``write_taken_packed`` of a row's two register blocks, both ranked before either gathers its page ids: each
+    block's gather from ``req_to_token`` is a memory latency before its store can issue, and a warp waiting on the
+    first block's held every warp at the second block's scan (one latency a block, not one a row)."""
+    zero = tl.zeros([], tl.int32)
+    take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, zero, zero)
+    take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)
+    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+    slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=take2, other=0)
+    tl.store(out + rank, slot * H + h, mask=take)
+    tl.store(out + rank2, slot2 * H + h, mask=take2)

@@ -14,7 +14,8 @@ from torch import Tensor
 
 from sparrow_server.kernels.radix import (BINS_PER_ROW, atomic_histogram, bucket_histogram, count_at_least,
                                           histogram_round, histogram_round_packed, radix_round, read_bins,
-                                          top_digits_round, ukey, write_taken, write_taken_packed, zero_bins)
+                                          top_digits_round, ukey, write_taken, write_taken_joint, write_taken_packed,
+                                          zero_bins)
 from sparrow_server.kernels.variants import (  # noqa: F401  (re-export: the variants' data)
     SELECT_CHUNK, SELECT_FINE, SELECT_ROWS, SELECT_TAILS, SELECT_WARPS, TOPK_VARIANTS, WIDE_FROM_ROWS, TopKVariant,
     resolve_variant,
@@ -155,7 +156,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     block, so a row just past ROW costs ROW + TAIL lanes, not 2 * ROW), its keys loaded once; BITS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
-    holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps;
+    holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps (2:
+    and with TAIL, both blocks ranked before either gathers, ``TopKVariant.joint_write``);
     ATOMIC: ``TopKVariant.atomic``'s histograms, into ``bins``)."""
     if ATOMIC:  # the rounds' bins zeroed, every thread's zeros stored before any atomic
         zero_bins(bins)
@@ -210,7 +212,9 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
     zero = tl.zeros([], tl.int32)
-    if PACKED:
+    if (PACKED == 2) and (TAIL > 0):  # TopKVariant.joint_write
+        write_taken_joint(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS)
+    elif PACKED:
         n_eq, n_taken = write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
         if TAIL > 0:
             write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
@@ -267,7 +271,7 @@ def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
-                  PACKED=v.packed, ROLLED=v.rolled, ATOMIC=v.atomic_code)
+                  PACKED=v.packed_code, ROLLED=v.rolled, ATOMIC=v.atomic_code)
     return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 

@@ -81,6 +81,11 @@ class TopKVariant:
     # batch 16 (one host): selection 201.2 against ``fused_atomic_narrow``'s 207.4 us summed over six contexts, less in
     # each (32.8 against 33.8 at 33K); not yet benched at batch 34 or 64, nor the default.
     top_digits: bool = False
+    # With ``packed``: a row of two register blocks (a tier with a tail) ranks both blocks' taken keys before either
+    # gathers its page ids from ``req_to_token`` (``radix.write_taken_joint``). Block by block, a warp waits a memory
+    # latency for its first block's ids before it can store them and reach the second block's scan, where every warp
+    # waits for it: two latencies a row. Call 32's phase profile put the write at 2.3 us (33K x 16).
+    joint_write: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -89,6 +94,12 @@ class TopKVariant:
         assert not self.rolled or (self.exit_early and self.packed), "rolled: the packed rounds, to the early exit"
         assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
+        assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
+
+    @property
+    def packed_code(self) -> int:
+        """The kernels' PACKED: 0 the plain steps; 1 the packed ones; 2 those with the joint write (``joint_write``)."""
+        return 2 if self.joint_write else int(self.packed)
 
     @property
     def atomic_code(self) -> int:
@@ -119,7 +130,8 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_packed_narrow": _PACKED,
                  "fused_rolled_narrow": replace(_PACKED, rolled=True),
                  "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=True),
-                 "fused_topdigits_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True)}
+                 "fused_topdigits_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True),
+                 "fused_joint_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -169,7 +181,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_atomic_narrow``: that whose rounds after the first count by global atomics (TopKVariant.atomic). Nor are
 # every round by atomics, or the first round's atomics spread over 4, 8 or 16 copies of its bins: slower than it in
 # every case of call 32's benches (``benchmarks/results/speed/call32/``). ``fused_topdigits_narrow``: that whose first
-# round counts each key's distance in digits below the row's highest key (TopKVariant.top_digits).
+# round counts each key's distance in digits below the row's highest key (TopKVariant.top_digits);
+# ``fused_joint_narrow``: that whose rows of two register blocks rank both before either gathers (.joint_write).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

@@ -26,7 +26,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
-            "fused_topdigits_narrow")
+            "fused_topdigits_narrow", "fused_joint_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -275,7 +275,8 @@ def test_wide_variant_splits_only_past_its_rows(K):
 
 
 @pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
-                                     "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow"])
+                                     "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
+                                     "fused_joint_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -413,7 +414,8 @@ def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, varia
 @pytest.mark.parametrize("variant,candidates", [("fused_packed_narrow", 2061), ("fused_packed_narrow", 2045),
                                                 ("fused_rolled_narrow", 2061), ("fused_rolled_narrow", 2045),
                                                 ("fused_atomic_narrow", 2061), ("fused_atomic_narrow", 2045),
-                                                ("fused_topdigits_narrow", 2061), ("fused_topdigits_narrow", 2045)])
+                                                ("fused_topdigits_narrow", 2061), ("fused_topdigits_narrow", 2045),
+                                                ("fused_joint_narrow", 2061)])
 def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
     """``benchmarks/selection_phase_profile.py``'s stamped kernel (its stamps off: the interpreter runs no PTX) writes
     the index buffer the product's fused launch writes, so the phases it times are the product's."""
