@@ -1,7 +1,8 @@
 """Triton building blocks of the exact radix top-k (``topk``): order-preserving integer keys of fp32 scores,
 one radix round (2-bit compares or an 8-bit histogram, plain or in fewer block-wide steps), and the index write of
-the keys a search took, in page order (block by block, or both blocks of a row ranked before either gathers). At one row per SM the top-k is a chain of the block-wide reductions these
-make (``benchmarks/selection_kernel_resources.py --tiers`` counts their barriers), so the packed forms fold them.
+the keys a search took, in page order (block by block, or both blocks of a row ranked before either gathers). At one
+row per SM the top-k is a chain of the block-wide reductions these make (``benchmarks/selection_kernel_resources.py
+--tiers`` counts their barriers), so the packed forms fold them.
 """
 from __future__ import annotations
 

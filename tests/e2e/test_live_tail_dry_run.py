@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from helpers.gpu_host_runs import (GPU_HOST, assert_ran, embedded_model_dir, heavy_imports, help_cpu_s, help_text, host_stage,
-                                   packed, run_script)
+from helpers.gpu_host_runs import (GPU_HOST, assert_ran, embedded_model_dir, heavy_imports, help_cpu_s, help_text,
+                                   host_stage, packed, run_script)
 from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_cpu_s, help_text, host_stage,
-                                   packed, script_cmd)
+from helpers.gpu_host_runs import (DRY_ENV, GPU_HOST, embedded_model_dir, heavy_imports, help_cpu_s, help_text,
+                                   host_stage, packed, script_cmd)
 from helpers.server_util import free_port  # fixed ports collide with another run of these tests on the machine
 
 sys.path[:0] = [str(GPU_HOST)]
