@@ -80,7 +80,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = radix.ukey(scores, j2, j2 < hi)
     else:
-        key2 = key
+        j2, key2 = j, key
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
     exact = tl.zeros([], tl.int32)
@@ -122,13 +122,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
             else:
                 _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             _stamp(stamps, 5 + 2 * rnd, r, STAMP)
-    zero = tl.zeros([], tl.int32)
-    if JOINT and (TAIL > 0):  # topk.TopKVariant.joint_write
-        radix.write_taken_joint(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS)
-    else:
-        n_eq, n_taken = radix.write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
-        if TAIL > 0:
-            radix.write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    radix.write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, JOINT)  # JOINT: .joint_write
     _stamp(stamps, NSTAMP - 1, r, STAMP)
 
 

@@ -169,14 +169,21 @@ def write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.c
 
 
 @triton.jit
-def write_taken_joint(key, j, key2, j2, prefix, need, row, out, h, H: tl.constexpr, PS: tl.constexpr):
-    """``write_taken_packed`` of a row's two register blocks, both ranked before either gathers its page ids: each
-    block's gather from ``req_to_token`` is a memory latency before its store can issue, and a warp waiting on the
-    first block's held every warp at the second block's scan (one latency a block, not one a row)."""
+def write_row_packed(key, j, key2, j2, prefix, need, row, out, h, H: tl.constexpr, PS: tl.constexpr,
+                     TAIL: tl.constexpr, JOINT: tl.constexpr):
+    """``write_taken_packed`` of a row's register block and (TAIL) its second block: block by block, or (JOINT) both
+    ranked before either gathers its page ids. Each block's gather from ``req_to_token`` is a memory latency before
+    its store can issue; block by block, a warp waiting on the first block's held every warp at the second block's
+    scan (one latency a block, not one a row)."""
     zero = tl.zeros([], tl.int32)
-    take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, zero, zero)
-    take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)
-    slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
-    slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=take2, other=0)
-    tl.store(out + rank, slot * H + h, mask=take)
-    tl.store(out + rank2, slot2 * H + h, mask=take2)
+    if JOINT and (TAIL > 0):
+        take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, zero, zero)
+        take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)
+        slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)
+        slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=take2, other=0)
+        tl.store(out + rank, slot * H + h, mask=take)
+        tl.store(out + rank2, slot2 * H + h, mask=take2)
+    else:
+        n_eq, n_taken = write_taken_packed(key, j, prefix, need, zero, zero, row, out, h, H, PS)
+        if TAIL > 0:
+            write_taken_packed(key2, j2, prefix, need, n_eq, n_taken, row, out, h, H, PS)

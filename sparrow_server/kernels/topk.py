@@ -14,8 +14,7 @@ from torch import Tensor
 
 from sparrow_server.kernels.radix import (BINS_PER_ROW, atomic_histogram, bucket_histogram, count_at_least,
                                           histogram_round, histogram_round_packed, radix_round, read_bins,
-                                          top_digits_round, ukey, write_taken, write_taken_joint, write_taken_packed,
-                                          zero_bins)
+                                          top_digits_round, ukey, write_row_packed, write_taken, zero_bins)
 from sparrow_server.kernels.variants import (  # noqa: F401  (re-export: the variants' data)
     SELECT_CHUNK, SELECT_FINE, SELECT_ROWS, SELECT_TAILS, SELECT_WARPS, TOPK_VARIANTS, WIDE_FROM_ROWS, TopKVariant,
     resolve_variant,
@@ -166,8 +165,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     if TAIL > 0:
         j2 = lo + ROW + tl.arange(0, TAIL)
         key2 = ukey(scores, j2, j2 < hi)
-    else:  # not read (TAIL 0): named for ``_round_histogram``'s arguments
-        key2 = key
+    else:  # not read (TAIL 0): named for ``_round_histogram``'s and ``write_row_packed``'s arguments
+        j2, key2 = j, key
     c = tl.arange(0, 1 << BITS).to(tl.int64)
     prefix = tl.zeros([], tl.int64)
     n_gt = tl.zeros([], tl.int32)
@@ -211,14 +210,10 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
                 prefix, n_gt = radix_round(counts, k, prefix, shift, 1 << BITS)
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
-    zero = tl.zeros([], tl.int32)
-    if (PACKED == 2) and (TAIL > 0):  # TopKVariant.joint_write
-        write_taken_joint(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS)
-    elif PACKED:
-        n_eq, n_taken = write_taken_packed(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
-        if TAIL > 0:
-            write_taken_packed(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)
+    if PACKED:  # 2: TopKVariant.joint_write
+        write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, PACKED == 2)
     else:
+        zero = tl.zeros([], tl.int32)
         n_eq, n_taken = write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)
         if TAIL > 0:
             write_taken(key2, j2, prefix, k - n_gt, n_eq, n_taken, row, out, h, H, PS)

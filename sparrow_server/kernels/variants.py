@@ -82,7 +82,7 @@ class TopKVariant:
     # each (32.8 against 33.8 at 33K); not yet benched at batch 34 or 64, nor the default.
     top_digits: bool = False
     # With ``packed``: a row of two register blocks (a tier with a tail) ranks both blocks' taken keys before either
-    # gathers its page ids from ``req_to_token`` (``radix.write_taken_joint``). Block by block, a warp waits a memory
+    # gathers its page ids from ``req_to_token`` (``radix.write_row_packed``). Block by block, a warp waits a memory
     # latency for its first block's ids before it can store them and reach the second block's scan, where every warp
     # waits for it: two latencies a row. Call 32's phase profile put the write at 2.3 us (33K x 16).
     joint_write: bool = False
