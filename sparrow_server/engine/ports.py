@@ -2,7 +2,7 @@
 for (the service asks, it never probes attributes)."""
 from __future__ import annotations
 
-import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
@@ -33,7 +33,7 @@ class LocalModel:
     """The engine's model in this process, for exact verification and the base-model fingerprint."""
 
     current: Callable[[], Any]  # the model now (weight updates and adapters replace the object)
-    step_lock: threading.Lock  # held during each engine step: a forward under it never interleaves a decode
+    step_lock: AbstractContextManager  # held during each engine step: a forward under it never meets a decode
 
     @property
     def model(self) -> Any:

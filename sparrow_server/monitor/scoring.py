@@ -19,7 +19,6 @@ Shapes: ``P`` prompt tokens, ``N`` completion tokens, ``V`` vocabulary, ``K`` to
 from __future__ import annotations
 
 import contextlib
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -149,7 +148,7 @@ class HFScorer:
     forward at a time, the cost of a prefill of the rollout.
     """
 
-    def __init__(self, model: Any, lock: threading.Lock | threading.RLock | None = None):
+    def __init__(self, model: Any, lock: contextlib.AbstractContextManager | None = None):
         self._model: Callable[[], Any] = model if callable(model) and not isinstance(model, torch.nn.Module) else (lambda: model)
         self._lock = lock if lock is not None else contextlib.nullcontext()
 

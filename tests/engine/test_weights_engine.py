@@ -5,6 +5,9 @@ another MLP width and a Qwen3 model stand for "a different architecture"."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import threading
+from typing import Callable
 
 import pytest
 import torch
@@ -24,8 +27,8 @@ PROMPT = tuple((i * 7 + 3) % (TINY_VOCAB - 1) for i in range(40))
 LONG_PROMPT = tuple((i * 11 + 5) % (TINY_VOCAB - 1) for i in range(100))  # 7 pages
 SPARSE = Schedule(name="tiny-sparse", budgets_tokens=(48,), dense_layers=(0,), sink_pages=1, recent_pages=1)
 TOL = 1e-4
-ABORTED_MAX_NEW = 500  # requests the tests abort: far from finishing when the abort lands
-PAUSED_MAX_NEW = 200  # requests the tests pause: still running when the pause lands, even on an idle machine
+ABORTED_MAX_NEW = 500  # requests the tests abort (they hold at most a few tokens when it lands)
+PAUSED_MAX_NEW = 200  # requests the tests pause
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -80,9 +83,49 @@ class Stream:
         return {c.weight_version for c in self.chunks}
 
     async def until(self, n_tokens: int) -> None:
-        while len(self.tokens) < n_tokens:
-            assert not self.task.done(), "finished before the point the test waits for"
-            await asyncio.sleep(0.002)
+        await until(lambda: len(self.tokens) >= n_tokens)
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.002)
+
+
+class DecodeBrake:
+    """Holds the engine's loop inside its ``at``-th decode call (counted from here) until released.
+
+    The loop runs on its own thread: a test that waits for a request's n-th token and then pauses or
+    updates races it (on a busy machine the request can finish first). Braked, the loop is at a known
+    token count when the test acts; the test releases it once its control call has taken effect."""
+
+    def __init__(self, engine: ReferenceEngine, at: int):
+        self.reached, self._released = threading.Event(), threading.Event()
+        decode, calls = engine.runner.decode, itertools.count(1)
+
+        def braked(*args, **kwargs):
+            if next(calls) == at:
+                self.reached.set()
+                self._released.wait()
+            return decode(*args, **kwargs)
+
+        engine.runner.decode = braked
+
+    async def until_reached(self) -> None:
+        await until(self.reached.is_set)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+async def braked_pause(engine: ReferenceEngine, brake: DecodeBrake, mode: str):
+    """Pause while the loop is held in a decode step: the pause has closed the gate and announced
+    itself to the step lock (before its first await) when the brake lets that step finish."""
+    sync = engine.weight_sync
+    await brake.until_reached()
+    pausing = asyncio.create_task(sync.pause_generation(mode))
+    await until(lambda: sync.mode == mode)
+    brake.release()
+    return await pausing
 
 
 async def run(engine, request) -> Stream:
@@ -115,14 +158,15 @@ def test_update_waits_for_in_flight_requests_and_new_ones_use_new_weights(ckpt):
 
     async def go():
         baseline = await run(engine, req("base", max_new=60))
+        brake = DecodeBrake(engine, at=5)
         in_flight = Stream(engine, req("old", max_new=60))
-        await in_flight.until(5)
+        await brake.until_reached()
         update = asyncio.create_task(engine.weight_sync.update_weights_from_disk(WeightUpdate(str(ckpt["b"]), weight_version="step-1")))
-        while not engine.weight_sync.updating:  # loaded; now draining the in-flight request
-            await asyncio.sleep(0.002)
+        await until(lambda: engine.weight_sync.updating)  # loaded; now draining the in-flight request
         queued = Stream(engine, req("new"))  # arrives while the update drains: held, then runs on the new weights
+        brake.release()
         result = await update
-        assert not in_flight.task.done() or in_flight.last.finish.type == "length"
+        assert in_flight.last.finish.type == "length"  # the update waited for it
         return baseline, await in_flight.task, await queued.task, result, await run(engine, req("after"))
 
     baseline, old, queued, result, after = scenario(engine, go)
@@ -247,15 +291,19 @@ def test_abort_all_requests_aborts_in_flight_ones(ckpt):
     engine = make_engine(ckpt["a"])
 
     async def go():
+        brake = DecodeBrake(engine, at=3)
         in_flight = Stream(engine, req("old", max_new=ABORTED_MAX_NEW))
-        await in_flight.until(3)
-        result = await engine.weight_sync.update_weights_from_disk(
-            WeightUpdate(str(ckpt["b"]), weight_version="2", abort_all_requests=True))
+        await brake.until_reached()
+        update = asyncio.create_task(engine.weight_sync.update_weights_from_disk(
+            WeightUpdate(str(ckpt["b"]), weight_version="2", abort_all_requests=True)))
+        await until(lambda: engine.weight_sync.updating)  # the abort is marked: the next step lands it
+        brake.release()
+        result = await update
         return await in_flight.task, result
 
     old, result = scenario(engine, go)
     assert old.last.finish.type == "abort" and old.versions == {DEFAULT_WEIGHT_VERSION}
-    assert len(old.tokens) < ABORTED_MAX_NEW and result.num_aborted_requests == 1 and result.weight_version == "2"
+    assert len(old.tokens) == 4 and result.num_aborted_requests == 1 and result.weight_version == "2"
 
 
 def test_pause_in_place_freezes_and_continue_resumes(ckpt):
@@ -264,14 +312,13 @@ def test_pause_in_place_freezes_and_continue_resumes(ckpt):
 
     async def go():
         baseline = await run(engine, req("base", max_new=PAUSED_MAX_NEW))
+        brake = DecodeBrake(engine, at=5)
         running = Stream(engine, req("run", max_new=PAUSED_MAX_NEW))
-        await running.until(5)
-        state = await sync.pause_generation("in_place")
-        await asyncio.sleep(0.05)
-        frozen_at = len(running.tokens)
+        state = await braked_pause(engine, brake, "in_place")
+        await running.until(6)  # the prefill's token and five decodes': the braked step finished, no other ran
         held = Stream(engine, req("held", max_new=5))
-        await asyncio.sleep(0.2)
-        assert len(running.tokens) == frozen_at and not held.tokens
+        await asyncio.sleep(0.2)  # time to move, were the pause broken (frozen, no amount of it moves anything)
+        assert len(running.tokens) == 6 and not held.tokens
         assert sync.pause_state().mode == "in_place" and state.running == 1
         await sync.continue_generation()
         return baseline, await running.task, await held.task
@@ -287,9 +334,9 @@ def test_pause_retract_frees_kv_and_recomputes_it_on_continue(ckpt):
 
     async def go():
         baseline = await run(engine, req("base", max_new=PAUSED_MAX_NEW))
+        brake = DecodeBrake(engine, at=5)
         running = Stream(engine, req("run", max_new=PAUSED_MAX_NEW))
-        await running.until(5)
-        state = await sync.pause_generation("retract")
+        state = await braked_pause(engine, brake, "retract")
         free = engine.cache.free_pages
         await sync.continue_generation()
         return baseline, state, free, await running.task
@@ -306,10 +353,9 @@ def test_update_while_retracted_aborts_requests_holding_old_tokens(ckpt):
     sync = engine.weight_sync
 
     async def go():
-        # far from finishing when the retract lands (60 tokens could end first on an idle machine)
+        brake = DecodeBrake(engine, at=3)
         running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
-        await running.until(3)
-        await sync.pause_generation("retract")
+        await braked_pause(engine, brake, "retract")
         queued = Stream(engine, req("queued"))  # no tokens yet: it simply runs on the new weights
         result = await sync.update_weights_from_disk(WeightUpdate(str(ckpt["b"])))
         await sync.continue_generation()
@@ -327,9 +373,9 @@ def test_update_while_paused_in_place_is_refused_unless_aborting(ckpt):
     sync = engine.weight_sync
 
     async def go():
+        brake = DecodeBrake(engine, at=3)
         running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
-        await running.until(3)
-        await sync.pause_generation("in_place")
+        await braked_pause(engine, brake, "in_place")
         with pytest.raises(WeightSyncConflictError, match="paused in_place"):
             await sync.update_weights_from_disk(WeightUpdate(str(ckpt["b"])))
         assert engine.info().weight_version == DEFAULT_WEIGHT_VERSION and not running.task.done()
@@ -347,13 +393,13 @@ def test_pause_abort_aborts_and_holds_new_requests_until_continue(ckpt):
     sync = engine.weight_sync
 
     async def go():
+        brake = DecodeBrake(engine, at=3)
         running = Stream(engine, req("run", max_new=ABORTED_MAX_NEW))
-        await running.until(3)
-        await sync.pause_generation("abort")
+        await braked_pause(engine, brake, "abort")
         # pause returns once the request is finished; its last chunk reaches the client's task a few
         # event-loop turns later, and must do so while generation is still paused
         assert "run" not in engine.live_requests()
-        await asyncio.wait_for(running.task, timeout=5.0)
+        await running.task
         held = Stream(engine, req("held", max_new=4))
         await asyncio.sleep(0.1)
         assert not held.tokens
@@ -361,7 +407,7 @@ def test_pause_abort_aborts_and_holds_new_requests_until_continue(ckpt):
         return await running.task, await held.task
 
     aborted, held = scenario(engine, go)
-    assert aborted.last.finish.type == "abort" and held.last.finish.type == "length"
+    assert aborted.last.finish.type == "abort" and len(aborted.tokens) == 4 and held.last.finish.type == "length"
 
 
 def test_keep_pause_holds_generation_after_the_update(ckpt):

@@ -225,7 +225,7 @@ class ReferenceEngine(Engine):
     # ----- the loop (background thread) ----------------------------------------------------
     def _loop(self) -> None:
         while (aborts := self.scheduler.next_step()) is not None:
-            with self.scheduler.step_lock:
+            with self.scheduler.step_lock.step():
                 self.scheduler.apply_aborts(aborts)
                 for seq in self.scheduler.admit():
                     if seq.output:  # retracted by a pause: recompute its KV; its tokens and weight version stay

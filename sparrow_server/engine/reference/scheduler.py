@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 from sparrow_server.engine.base import DuplicateRequestError, FinishReason
 from sparrow_server.engine.reference.kv_cache import PagedKVCache
 from sparrow_server.engine.reference.live_request import LiveRequest
+from sparrow_server.engine.reference.step_lock import StepLock
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Scheduler:
         self.cache = cache
         self.max_batch_size = max_batch_size
         self._cond = threading.Condition()  # every change below happens under it
-        self._step_lock = threading.Lock()  # held by the loop during each step, and by callers between steps
+        self._step_lock = StepLock()  # held by the loop during each step, and by callers between steps
         self._waiting: collections.deque[LiveRequest] = collections.deque()
         self._running: list[LiveRequest] = []
         self._live: dict[str, LiveRequest] = {}
@@ -116,9 +117,10 @@ class Scheduler:
             return QueueCounts(waiting=len(self._waiting), running=len(self._running), live=len(self._live))
 
     @property
-    def step_lock(self) -> threading.Lock:
-        """Held by the loop for each step; held by anyone else, the loop is between two steps and stays
-        there (model and cache changes, retract, the verifier's forward)."""
+    def step_lock(self) -> StepLock:
+        """Held by the loop for each step; taken by anyone else (after at most the step in progress),
+        the loop is between two steps and stays there (model and cache changes, retract, the
+        verifier's forward)."""
         return self._step_lock
 
     # ----- the loop (and callers holding the step lock) --------------------------------------------

@@ -246,8 +246,10 @@ class ReferenceWeightSync:
 
     async def _in_loop_pause(self, action: Callable[[], None] | None) -> None:
         """Wait for the step in progress to end (later steps see the new gate), then run ``action``."""
+        reservation = self.scheduler.step_lock.reserve()  # now: no step starts after the one in progress
+
         def between_steps() -> None:
-            with self.scheduler.step_lock:
+            with reservation:
                 if action is not None:
                     action()
 
