@@ -1,18 +1,21 @@
-"""Weight updates on a live reference server (subprocess), driven over HTTP and by the fleet
-client helpers: an update while rollouts stream lets them finish on the old weights (their meta
+"""Weight updates on a live reference server (uvicorn on a loopback port, in process so a test can
+hold its engine's loop in a known decode step), driven over HTTP and by the fleet client helpers: an update while rollouts stream lets them finish on the old weights (their meta
 says so); the first rollout after it equals, token for token under greedy decoding (and page for
 page under a sparse schedule), a fresh server started on the new weights; bad paths and other
 architectures answer 400 and the old weights keep serving; pause/continue over HTTP."""
 from __future__ import annotations
 
 import json
+import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from helpers.server_util import ServerProcess, free_port
+from helpers.engine_brake import DecodeBrake
+from helpers.live_server import LiveServer, wait_until
 from helpers.tiny_models import load_plain, save_tiny_model
 from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
 from sparrow_server.client.weights import FleetError, pause, resume, update_weights
@@ -22,7 +25,8 @@ from sparrow_server.server.app import create_app
 from sparrow_server.server.security import SecurityConfig
 
 SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 8"}
-IN_FLIGHT_TOKENS = 120  # long enough to be still generating when the update has loaded the new weights
+IN_FLIGHT_TOKENS = 120
+DRAIN_HOLD_S = 0.1  # the in-flight streams are held this long after the update closed the gate
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,10 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def servers(ckpt):
     """A live server on the old weights (updated by the tests) and a fresh one on the new weights."""
-    updated = ServerProcess(ckpt["a"], ckpt["root"] / "state-a")
-    fresh = InProcessServer(ckpt["b"])
+    fresh = InProcessServer(ckpt["b"])  # first: it sets one torch thread, which the live server shares
+    engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), None, ckpt["a"].name, kv_pool_tokens=8192)
+    updated = LiveServer(create_app(engine)).start()
+    updated.engine = engine
     try:
         httpx.put(f"{updated.url}/schedules/w8-sparse", json=SPARSE, timeout=30).raise_for_status()
         fresh.http.put("/schedules/w8-sparse", json=SPARSE).raise_for_status()
@@ -49,14 +55,26 @@ def servers(ckpt):
 def test_update_while_streaming_then_first_rollout_equals_a_fresh_server(servers, ckpt):
     updated, fresh = servers
     before = rollout(updated)
+    engine = updated.engine
+    pause([updated.url], "in_place")  # the streams queue, then start together
     in_flight = [StreamInThread(updated.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)]
-    for stream in in_flight:
-        assert stream.started.wait(60)
-    replies = update_weights([updated.url], str(ckpt["b"]), weight_version="step-1")
+    wait_until(lambda: engine.scheduler.counts().waiting == 2, 60, "the two streams queued")
+    brake = DecodeBrake(engine, at=1)  # their first decode step: both running, far from done
+    resume([updated.url])
+    try:
+        wait_until(brake.reached.is_set, 60, "the streams' first decode step")
+        with ThreadPoolExecutor(1) as pool:
+            update = pool.submit(update_weights, [updated.url], str(ckpt["b"]), weight_version="step-1")
+            wait_until(lambda: engine.weight_sync.updating or update.done(), 60, "the update to close the gate")
+            time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
+            brake.release()
+            replies = update.result()
+    finally:
+        brake.release()
     reply = replies[updated.url]
     assert reply["success"] and reply["weight_version"] == "step-1"
     assert reply["previous_weight_version"] == DEFAULT_WEIGHT_VERSION and reply["num_aborted_requests"] == 0
-    assert reply["drain_s"] > 0.05, "the update should have waited for the streaming rollouts"
+    assert reply["drain_s"] >= DRAIN_HOLD_S, "the update should have waited for the streaming rollouts"
     for stream in in_flight:  # finished on the old weights, and say so
         tokens, meta = stream.result()
         assert meta.weight_version == DEFAULT_WEIGHT_VERSION and meta.finish_reason["type"] == "length"
@@ -92,35 +110,40 @@ def test_bad_path_and_other_architecture_answer_400_and_old_weights_keep_serving
     assert after.token_ids == reference.token_ids and after.meta.weight_version == served
 
 
-def _settled_count(stream: StreamInThread, quiet_s: float = 0.5, bound_s: float = 60.0) -> int:
-    """The stream's event count once it stopped growing for ``quiet_s`` (``bound_s`` only bounds a hang). A
-    server that did not pause keeps it growing until the rollout ends, which the caller's checks see."""
-    deadline, count, since = time.monotonic() + bound_s, len(stream.events), time.monotonic()
-    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
-        time.sleep(0.02)
-        if len(stream.events) != count:
-            count, since = len(stream.events), time.monotonic()
-    return count
+def streamed_tokens(stream: StreamInThread) -> int:
+    return sum(len(event.token_ids) for event in list(stream.events))
 
 
 def test_pause_in_place_and_continue_over_http(servers):
     updated, _ = servers
     reference = rollout(updated)
+    engine = updated.engine
+    brake = DecodeBrake(engine, at=3)
     stream = StreamInThread(updated.url)
-    assert stream.started.wait(60)
-    reply = pause([updated.url], "in_place")[updated.url]
+    try:
+        wait_until(brake.reached.is_set, 60, "the stream's third decode step")
+        with ThreadPoolExecutor(1) as pool:
+            pausing = pool.submit(pause, [updated.url], "in_place")
+            wait_until(lambda: engine.weight_sync.mode == "in_place" or pausing.done(), 60, "the pause's gate")
+            brake.release()
+            reply = pausing.result()[updated.url]
+    finally:
+        brake.release()
     assert reply["status"] == "ok" and reply["paused"] == "in_place"
     state = httpx.get(f"{updated.url}/generation_state", timeout=10).json()
     assert state["paused"] == "in_place" and state["running_requests"] == 1
-    frozen_at = _settled_count(stream)  # events sent before the pause may still be on their way to the client
-    stream.thread.join(timeout=0.5)
-    assert len(stream.events) == frozen_at and stream.thread.is_alive()
+    # the prefill's token and three decodes': the braked step finished and no other ran
+    wait_until(lambda: streamed_tokens(stream) >= 4, 60, "the braked step's token")
+    stream.thread.join(timeout=0.5)  # time to move, were the pause broken (frozen, no amount of it moves anything)
+    assert streamed_tokens(stream) == 4 and stream.thread.is_alive()
     assert resume([updated.url])[updated.url]["paused"] is None
     tokens, meta = stream.result()
     assert tokens == reference.token_ids and meta.finish_reason["type"] == "length"
-    dead = f"http://127.0.0.1:{free_port()}"
-    with pytest.raises(FleetError) as info:  # every server is tried; the failures are named
-        resume([updated.url, dead], timeout=5)
+    with socket.socket() as bound:  # bound and never listening: connections to it are refused
+        bound.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        with pytest.raises(FleetError) as info:  # every server is tried; the failures are named
+            resume([updated.url, dead], timeout=5)
     assert list(info.value.results) == [updated.url] and list(info.value.failures) == [dead]
 
 

@@ -5,13 +5,12 @@ another MLP width and a Qwen3 model stand for "a different architecture"."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-import threading
 from typing import Callable
 
 import pytest
 import torch
 
+from helpers.engine_brake import DecodeBrake
 from helpers.engine_util import scenario
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
 from sparrow_server.engine.base import DEFAULT_WEIGHT_VERSION, GenerationRequest, SamplingParams
@@ -89,32 +88,6 @@ class Stream:
 async def until(predicate: Callable[[], bool]) -> None:
     while not predicate():
         await asyncio.sleep(0.002)
-
-
-class DecodeBrake:
-    """Holds the engine's loop inside its ``at``-th decode call (counted from here) until released.
-
-    The loop runs on its own thread: a test that waits for a request's n-th token and then pauses or
-    updates races it (on a busy machine the request can finish first). Braked, the loop is at a known
-    token count when the test acts; the test releases it once its control call has taken effect."""
-
-    def __init__(self, engine: ReferenceEngine, at: int):
-        self.reached, self._released = threading.Event(), threading.Event()
-        decode, calls = engine.runner.decode, itertools.count(1)
-
-        def braked(*args, **kwargs):
-            if next(calls) == at:
-                self.reached.set()
-                self._released.wait()
-            return decode(*args, **kwargs)
-
-        engine.runner.decode = braked
-
-    async def until_reached(self) -> None:
-        await until(self.reached.is_set)
-
-    def release(self) -> None:
-        self._released.set()
 
 
 async def braked_pause(engine: ReferenceEngine, brake: DecodeBrake, mode: str):
