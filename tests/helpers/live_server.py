@@ -1,24 +1,27 @@
-"""A real uvicorn server for an in-process app, on a free loopback port, in a background thread
-(real streaming and real disconnects, unlike TestClient; no subprocess start-up cost)."""
+"""A real uvicorn server for an in-process app, on a loopback port, in a background thread (real
+streaming and real disconnects, unlike TestClient; no subprocess start-up cost). It serves on a
+socket bound here to port 0: no other process can take the port between choosing and binding it."""
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from typing import Callable, Iterator
 
-from helpers.server_util import free_port
 from sparrow_server.server.shutdown import make_server
 
 
 class LiveServer:
     def __init__(self, app, drain_timeout_s: float = 5.0):
         self.app = app
-        self.port = free_port()
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = make_server(app, "127.0.0.1", self.port, "warning", drain_timeout_s)
         self.server.install_signal_handlers = lambda: None  # not the main thread
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def start(self, timeout_s: float = 20.0) -> "LiveServer":
         self.thread.start()
@@ -33,6 +36,7 @@ class LiveServer:
         """What SIGTERM does: ``should_exit``, then the graceful drain."""
         self.server.should_exit = True
         self.thread.join(timeout_s)
+        self.socket.close()
 
 
 @contextlib.contextmanager
