@@ -29,12 +29,14 @@ ROUTER_VERSION_OBSERVED = "0.3.2"
 
 @dataclass(frozen=True)
 class RouterSettings:
-    """Router flags for a loopback fleet; fast health checks so a killed worker drops out in ~1 s."""
+    """Router flags for a loopback fleet: health checks every second, so a killed worker (its port
+    refuses at once) drops out in ~2 s, while a live one must miss two checks of 5 s each (one slow
+    answer on a loaded box no longer drops it: a 1 s timeout and one miss did)."""
 
     policy: str = "round_robin"
     health_check_interval_s: int = 1
-    health_check_timeout_s: int = 1
-    health_failure_threshold: int = 1
+    health_check_timeout_s: int = 5
+    health_failure_threshold: int = 2
     health_success_threshold: int = 1
     retry_max_retries: int = 3
     # the router's own defaults; a fleet whose dead worker takes seconds to drop out of the rotation
