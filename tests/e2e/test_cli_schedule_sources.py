@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from helpers.live_server import live_server
-from helpers.server_util import free_port
+from helpers.server_util import refused_url
 from helpers.tiny_models import tiny_model
 from sparrow_server.cli import main
 from sparrow_server.engine.reference import ReferenceEngine
@@ -93,8 +93,8 @@ def test_server_shows_one_schedule_and_names_an_unknown_one(capsys, server):
 
 
 def test_an_unreachable_server_is_an_error_naming_it(capsys):
-    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    assert main(["schedules", "list", "--server", url]) == 2
+    with refused_url() as url:
+        assert main(["schedules", "list", "--server", url]) == 2
     assert f"--server {url}: cannot reach it" in capsys.readouterr().err
 
 

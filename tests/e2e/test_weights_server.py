@@ -6,7 +6,6 @@ architectures answer 400 and the old weights keep serving; pause/continue over H
 from __future__ import annotations
 
 import json
-import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from helpers.engine_brake import DecodeBrake
 from helpers.live_server import LiveServer, wait_until
+from helpers.server_util import refused_url
 from helpers.tiny_models import load_plain, save_tiny_model
 from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
 from sparrow_server.client.weights import FleetError, pause, resume, update_weights
@@ -139,9 +139,7 @@ def test_pause_in_place_and_continue_over_http(servers):
     assert resume([updated.url])[updated.url]["paused"] is None
     tokens, meta = stream.result()
     assert tokens == reference.token_ids and meta.finish_reason["type"] == "length"
-    with socket.socket() as bound:  # bound and never listening: connections to it are refused
-        bound.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{bound.getsockname()[1]}"
+    with refused_url() as dead:
         with pytest.raises(FleetError) as info:  # every server is tried; the failures are named
             resume([updated.url, dead], timeout=5)
     assert list(info.value.results) == [updated.url] and list(info.value.failures) == [dead]

@@ -1,11 +1,13 @@
 """In-process apps (FastAPI TestClient) and subprocess servers for the service tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 from sparrow_server.commands.demo import wait_healthy
 
@@ -30,6 +32,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def refused_url() -> Iterator[str]:
+    """A loopback URL whose connections are refused while the block runs: its port is bound here and
+    never listened on (a port merely free when looked at could be taken by another process)."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        yield f"http://127.0.0.1:{bound.getsockname()[1]}"
 
 
 class ServerProcess:
