@@ -3,9 +3,9 @@
 two steps.
 
 It is fair to those callers. A plain ``threading.Lock`` is not: the loop releases it and takes it
-again a few microseconds later, usually before a waiting thread wakes, so a retract could wait
-through any number of steps (a request of 200 tokens finished before the pause that should have
-retracted it). Here a caller announces itself before it waits, and the loop does not start another
+again a few microseconds later, often before a waiting thread wakes, so nothing bounded the steps
+a retract could wait through (in CI a 200-token request finished before the pause meant to retract
+it). Here a caller announces itself before it waits, and the loop does not start another
 step while one is announced: a caller gets in after at most the step in progress. A caller on the
 event loop announces itself there (``reserve``), before it hands the work to a thread.
 """
