@@ -1,34 +1,47 @@
-"""Weights broadcast by a disaggregated trainer over gloo to a live reference server (subprocess), as
-slime does it with SGLang: a separate trainer process (``helpers/gloo_trainer.py``) POSTs
-``/init_weights_update_group`` while it joins the group as rank 0, then each step POSTs
+"""Weights broadcast by a disaggregated trainer over gloo to a live reference server, as slime does it
+with SGLang: a separate trainer process (``helpers/gloo_trainer.py``) POSTs ``/init_weights_update_group``
+while it joins the group as rank 0 (on a master port it bound itself), then each step POSTs
 ``/update_weights_from_distributed`` while it broadcasts every tensor of the next checkpoint.
 
-Checks: rollouts streaming during a step finish on the old weights (their meta says so); after each
-step a greedy rollout equals, token for token (logprobs within 1e-4), one of a server started on that
-step's checkpoint, and differs from the step before; ``weight_version`` is the step's. Failures (wrong
-port, wrong world size, a trainer killed mid-broadcast, a bad name) answer 400 within the group timeout,
-and the server keeps serving its old weights (the rollout equals the one before); after a failed
-broadcast the group is gone and a new trainer opens it again.
+The steps run against a server in this process (uvicorn on a loopback socket, its engine joining the group
+as rank 1), so the test can hold its engine's loop in a known decode step (``helpers/engine_brake.py``)
+while the trainer's broadcast arrives, whatever the machine's speed. The failures run against a server in
+a subprocess (they leave gloo threads to end on their own timeouts: not in the test process).
+
+Checks: rollouts streaming during a step finish on the old weights (their meta says so) and the swap
+waits for them; after each step a greedy rollout equals, token for token (logprobs within 1e-4), one of a
+server started on that step's checkpoint, and differs from the step before; ``weight_version`` is the
+step's. Failures (wrong port, wrong world size, a trainer killed mid-broadcast, a bad name) answer 400
+within the group timeout, and the server keeps serving its old weights (the rollout equals the one
+before); after a failed broadcast the group is gone and a new trainer opens it again.
 """
 from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from helpers.server_util import ServerProcess, free_port
-from helpers.tiny_models import save_tiny_model
+from helpers.engine_brake import DecodeBrake
+from helpers.live_server import LiveServer, wait_until
+from helpers.server_util import ServerProcess, refused_url
+from helpers.tiny_models import load_plain, save_tiny_model
 from helpers.trainer_process import TrainerProcess
 from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
+from sparrow_server.client.weights import pause, resume
+from sparrow_server.engine.reference import ReferenceEngine
+from sparrow_server.server.app import create_app
 
 pytestmark = pytest.mark.slow
 
-GROUP_TIMEOUT_S = 10.0  # the server's --weight-group-timeout-s
+GROUP_TIMEOUT_S = 10.0  # the server's weight-group timeout (serve --weight-group-timeout-s)
 SLACK_S = 10.0  # on top of it: the answer of a failed group operation comes within GROUP_TIMEOUT_S + SLACK_S
 STEPS = ("b", "c", "d")
-IN_FLIGHT_TOKENS = 300  # still generating when the trainer's broadcast has arrived, however fast the machine
+IN_FLIGHT_TOKENS = 120  # the brake, not their length, keeps the streams in flight while the broadcast arrives
+DRAIN_HOLD_S = 0.1  # the in-flight streams are held this long after the update closed the gate
 SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 26"}
 
 
@@ -49,6 +62,20 @@ def server(ckpt):
         process.stop()
 
 
+@pytest.fixture(scope="module")
+def live(ckpt, one_torch_thread):
+    """A server on checkpoint a in this process, its engine at hand (one torch thread, as ``--threads 1``)."""
+    engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), None, ckpt["a"].name, kv_pool_tokens=8192,
+                             weight_group_timeout_s=GROUP_TIMEOUT_S)
+    live = LiveServer(create_app(engine)).start()
+    live.engine = engine
+    try:
+        httpx.put(f"{live.url}/schedules/w8-sparse", json=SPARSE, timeout=30).raise_for_status()
+        yield live
+    finally:
+        live.stop()
+
+
 @pytest.fixture
 def trainer(ckpt, request):
     """A trainer subprocess per test, killed at its end whatever happened."""
@@ -64,7 +91,9 @@ def trainer(ckpt, request):
 
 
 def init(trainer: TrainerProcess, server, group: str, **fields) -> dict:
-    return trainer.call("init", url=server.url, port=free_port(), world_size=2, group_name=group, **fields)
+    """The trainer binds a master port (port 0: no other process can take it first), then opens ``group``
+    there as rank 0 while it POSTs the server's join."""
+    return trainer.call("init", url=server.url, world_size=2, group_name=group, **fields)
 
 
 def update(trainer: TrainerProcess, server, ckpt_dir, group: str, **fields) -> dict:
@@ -85,7 +114,8 @@ def assert_group_failure(response: httpx.Response, elapsed_s: float, *words: str
     return body
 
 
-def test_trainer_broadcasts_every_step_while_rollouts_stream(server, ckpt, trainer):
+def test_trainer_broadcasts_every_step_while_rollouts_stream(live, ckpt, trainer):
+    server, engine = live, live.engine  # in this process: its engine's loop can be braked
     t = trainer()
     previous = rollout(server)
     served = version(server.url)
@@ -93,20 +123,32 @@ def test_trainer_broadcasts_every_step_while_rollouts_stream(server, ckpt, train
     assert opened["trainer"] == "ok" and opened["server"]["status"] == 200, opened
     assert opened["server"]["body"] == {"success": True, "message": "Succeeded to initialize custom process group."}
     for step, name in enumerate(STEPS, 1):
+        pause([server.url], "in_place")  # the streams queue, then start together
         in_flight = [StreamInThread(server.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)]
-        for stream in in_flight:
-            assert stream.started.wait(60)
-        answer = update(t, server, ckpt[name], "steps", body={"weight_version": f"step-{step}"},
-                        flattened=step == len(STEPS))  # the last step as SGLang's flattened_bucket
+        wait_until(lambda: engine.scheduler.counts().waiting == 2, 60, "the two streams queued")
+        brake = DecodeBrake(engine, at=1)  # their first decode step: both running, far from done
+        resume([server.url])
+        try:
+            wait_until(brake.reached.is_set, 60, "the streams' first decode step")
+            with ThreadPoolExecutor(1) as pool:
+                updating = pool.submit(update, t, server, ckpt[name], "steps", body={"weight_version": f"step-{step}"},
+                                       flattened=step == len(STEPS))  # the last step as SGLang's flattened_bucket
+                # the whole broadcast was received: the swap closed the gate and drains the braked streams
+                wait_until(lambda: engine.weight_sync.updating or updating.done(), 120, "the update to close the gate")
+                time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
+                brake.release()
+                answer = updating.result()
+        finally:
+            brake.release()
         assert answer["trainer"] == "ok" and answer["server"]["status"] == 200, answer
         reply = answer["server"]["body"]
         assert reply["success"] and reply["weight_version"] == f"step-{step}"
         assert reply["previous_weight_version"] == served and reply["num_aborted_requests"] == 0
-        assert reply["drain_s"] > 0.05, "the swap should have waited for the streaming rollouts"
+        assert reply["drain_s"] >= DRAIN_HOLD_S, "the swap should have waited for the streaming rollouts"
         for stream in in_flight:  # finished on the old weights, and say so
             tokens, meta = stream.result()
-            assert meta.weight_version == served and len(tokens) == IN_FLIGHT_TOKENS
-            assert tokens[:len(previous.token_ids)] == previous.token_ids
+            assert meta.weight_version == served and meta.finish_reason["type"] == "length"
+            assert len(tokens) == IN_FLIGHT_TOKENS and tokens[:len(previous.token_ids)] == previous.token_ids
         fresh = InProcessServer(ckpt[name])
         try:
             fresh.http.put("/schedules/w8-sparse", json=SPARSE).raise_for_status()
@@ -128,10 +170,11 @@ def test_trainer_broadcasts_every_step_while_rollouts_stream(server, ckpt, train
 
 def test_wrong_port_and_wrong_world_size_fail_within_the_timeout(server, trainer):
     before, served = rollout(server), version(server.url)
-    nobody = free_port()
-    response, elapsed = post(server, "/init_weights_update_group", {
-        "master_address": "127.0.0.1", "master_port": nobody, "rank_offset": 1, "world_size": 2,
-        "group_name": "wrong-port", "backend": "gloo"})
+    with refused_url() as dead:  # its port is bound and never listened on: connections to it are refused
+        nobody = urlsplit(dead).port
+        response, elapsed = post(server, "/init_weights_update_group", {
+            "master_address": "127.0.0.1", "master_port": nobody, "rank_offset": 1, "world_size": 2,
+            "group_name": "wrong-port", "backend": "gloo"})
     assert_group_failure(response, elapsed, "Failed to initialize custom process group", str(nobody))
     t = trainer()
     answer = init(t, server, "wrong-world", server_body={"world_size": 3}, group_timeout_s=GROUP_TIMEOUT_S)

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from helpers.engine_brake import DecodeBrake
 from helpers.engine_util import collect, run_requests
 from helpers.tiny_models import (
     PAGE_SIZE, TINY_VOCAB, load_plain, save_tiny_model, teacher_forced_logprobs,
@@ -120,16 +121,21 @@ def test_pages_freed_after_finish_and_abort(engine):
     async def main():
         await engine.start()
         await collect(engine, req("done", max_new=5))
-        stream = engine.submit(req("long", max_new=500))
-        first = await stream.__anext__()
-        assert first.token_ids and engine.live_requests() == ("long",)
-        with pytest.raises(DuplicateRequestError):
-            engine.validate(req("long"))
-        await stream.aclose()  # the consumer goes away: the request is aborted
-        for _ in range(200):
-            if not engine.live_requests():
-                break
-            await asyncio.sleep(0.01)
+        brake = DecodeBrake(engine, at=1)  # "long" is held in its first decode step: live whatever the machine's speed
+        try:
+            stream = engine.submit(req("long", max_new=500))
+            first = await stream.__anext__()
+            await brake.until_reached()
+            assert first.token_ids and engine.live_requests() == ("long",)
+            with pytest.raises(DuplicateRequestError):
+                engine.validate(req("long"))
+            long, = engine.scheduler.live()
+            await stream.aclose()  # the consumer goes away: the request is aborted (marked; applied at the next step)
+        finally:
+            brake.release()
+        await until(lambda: not engine.live_requests())
+        # ended by the abort, at the step after the braked one, not by running its 500 tokens out
+        assert len(long.output) <= 2
 
     asyncio.run(main())
     assert engine.live_requests() == ()
@@ -139,16 +145,31 @@ def test_pages_freed_after_finish_and_abort(engine):
 def test_abort_by_rid_finishes_with_abort(engine):
     async def main():
         await engine.start()
+        brake = DecodeBrake(engine, at=2)  # held in its second decode step, after its second chunk
         chunks = []
-        async for chunk in engine.submit(req("x", max_new=500)):
-            chunks.append(chunk)
-            if len(chunks) == 2:
-                assert await engine.abort("x")
+        try:
+            async for chunk in engine.submit(req("x", max_new=500)):
+                chunks.append(chunk)
+                if len(chunks) == 2:
+                    await brake.until_reached()  # still live: the loop is held before its third token
+                    assert await engine.abort("x")
+                    brake.release()  # the abort lands at the next step
+        finally:
+            brake.release()
         return chunks
 
     chunks = asyncio.run(main())
-    assert chunks[-1].finish.type == "abort" and len(chunks) < 500
+    # the braked step's token, then the abort: not the 500 tokens a lost abort would let it run
+    assert chunks[-1].finish.type == "abort" and len(chunks) <= 4
     assert engine.live_requests() == () and not asyncio.run(engine.abort("x"))
+
+
+async def until(predicate, timeout_s: float = 60.0) -> None:
+    """Wait for ``predicate()`` (the engine's loop thread makes it true); the timeout only bounds a failure."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out waiting for the engine"
+        await asyncio.sleep(0.005)
 
 
 def test_stop_rules(engine):

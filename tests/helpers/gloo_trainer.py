@@ -9,16 +9,20 @@ misbehave on purpose (other bodies, no POST, stop mid-broadcast), which the fail
 Run as ``python gloo_trainer.py`` (torch, safetensors, httpx and the product's client).
 It reads one JSON command per line on stdin and answers one JSON line on stdout:
 
-- ``{"op": "init", "url", "port", "world_size", "group_name", "server_body": {...}, "post": true, "group_timeout_s"}``:
+- ``{"op": "init", "url", "world_size", "group_name", "server_body": {...}, "post": true, "group_timeout_s"}``:
   join as rank 0 (``server_body`` overrides fields of the POSTed body, e.g. another ``world_size``);
-  answers when the POST returned and its own join ended, or at once if the POST failed;
+  answers when the POST returned and its own join ended, or at once if the POST failed. The master port
+  is bound before anything is POSTed, on port 0 (the kernel picks a free one, so no other process can
+  take it between choosing and binding): a ``multi_tenant`` ``TCPStore`` that the group's own rendezvous
+  store then shares (torch: TCPStores of one process on one port share their server). Its answer says
+  which port (``"port"``);
 - ``{"op": "update", "url", "ckpt", "group_name", "body": {...}, "post": true, "flattened": false,
   "stop_after": null}``: broadcast the checkpoint's tensors (``body`` overrides fields of the POSTed body:
   bad names...); with ``stop_after: k`` it answers ``{"event": "stopped", "sent": k}`` after k tensors and
   then blocks (the test kills it mid-broadcast);
 - ``{"op": "destroy", "url", "group_name"}``; ``{"op": "exit"}``.
 With ``post: false`` the test sends the HTTP request itself. Answers: ``{"server": {"status", "body",
-"elapsed_s"}, "trainer": "ok" | "<error>"}``.
+"elapsed_s"}, "trainer": "ok" | "<error>"}`` (and ``"port"`` for ``init``).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 GROUPS: dict = {}
+MASTER_STORES: dict = {}  # group name -> the TCPStore holding its master port (alive while the group is)
 
 
 def new_group(port: int, world_size: int, group_name: str, timeout_s: float):
@@ -76,20 +81,34 @@ def on_thread(fn) -> tuple[threading.Event, dict]:
     return done, out
 
 
+def master_port(group_name: str, timeout_s: float) -> int:
+    """Bind the group's master port now (port 0: the kernel's choice, free by construction); the
+    rendezvous of ``open_trainer_group`` on that port shares this store's server (``multi_tenant``)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+                     multi_tenant=True)
+    MASTER_STORES[group_name] = store
+    return store.port
+
+
 def init(cmd: dict) -> dict:
-    name = cmd["group_name"]
-    body = {"master_address": "127.0.0.1", "master_port": cmd["port"], "rank_offset": 1,
+    name, timeout_s = cmd["group_name"], cmd.get("group_timeout_s", 30.0)
+    port = master_port(name, timeout_s)
+    body = {"master_address": "127.0.0.1", "master_port": port, "rank_offset": 1,
             "world_size": cmd["world_size"], "group_name": name, "backend": "gloo", **cmd.get("server_body", {})}
     post = Post(f"{cmd['url']}/init_weights_update_group", body) if cmd.get("post", True) else None
-    joined, out = on_thread(lambda: new_group(cmd["port"], cmd["world_size"], name, cmd.get("group_timeout_s", 30.0)))
+    joined, out = on_thread(lambda: new_group(port, cmd["world_size"], name, timeout_s))
     while not joined.wait(0.05):
         if post is not None and post.failed():  # no point waiting for a group the server left
-            return {"server": post.reply, "trainer": "abandoned: the server's init failed"}
+            return {"server": post.reply, "trainer": "abandoned: the server's init failed", "port": port}
     if "value" in out:
         GROUPS[name] = out["value"]
     if post is not None:
         post.done.wait()
-    return {"server": post.reply if post else None, "trainer": out["trainer"]}
+    return {"server": post.reply if post else None, "trainer": out["trainer"], "port": port}
 
 
 def tensors_of(ckpt: str) -> dict:
@@ -136,6 +155,7 @@ def destroy(cmd: dict) -> dict:
     group = GROUPS.pop(cmd["group_name"], None)
     if group is not None:
         dist.destroy_process_group(group)
+    MASTER_STORES.pop(cmd["group_name"], None)
     return {"server": post.reply, "trainer": "ok"}
 
 

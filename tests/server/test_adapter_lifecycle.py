@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import httpx
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 
 from helpers.live_server import live_server, wait_until
+from helpers.pause_util import continue_generation, pause_in_place, run_one_step_then_freeze
 from helpers.tiny_models import tiny_model
 from sparrow_server.adapter_meta.metadata import METADATA_FILE
 from sparrow_server.adapter_meta.fingerprint import model_fingerprint
@@ -171,6 +173,9 @@ def _stream(url: str, body: dict, out: dict) -> None:
 
 
 def test_hot_swap_while_streaming(roots):
+    """v1's requests are streaming (two tokens each sent, KV held) when v2 is loaded and the alias
+    moves: they finish on v1, new ones run on v2, and unloading v1 waits for its requests. Pinned by
+    pauses in place (no timing): the v1 requests cannot finish before the unload is asked for."""
     app, engine, manager = _app(roots)
     live_at_unload = []  # server side, at the moment the engine unloads: requests still running on it
     real_unload = engine.unload_adapter
@@ -179,31 +184,55 @@ def test_hot_swap_while_streaming(roots):
         live_at_unload.append((name, [s.rid for s in engine.scheduler.live() if s.adapter == name]))
         return real_unload(name)
 
+    def version(name):
+        return next((a for a in manager.describe() if a["name"] == name), {})  # {} once unloaded
+
+    def v1():
+        return version("v1")
+
     engine.unload_adapter = unload
     n_tokens = 48
     body = {"input_ids": list(range(1, 40)), "adapter": "distill-latest",
             "sampling_params": {"max_new_tokens": n_tokens, "ignore_eos": True}}
+    first, second = [{} for _ in range(4)], [{} for _ in range(4)]
     with live_server(app) as server, httpx.Client(base_url=server.url, timeout=60) as c:
-        c.post("/adapters", json={"name": "v1", "path": str(roots / "v1")}).raise_for_status()
-        c.put("/adapters/aliases/distill-latest", json={"name": "v1"}).raise_for_status()
-        first = [{} for _ in range(4)]
-        threads = [threading.Thread(target=_stream, args=(server.url, body, o)) for o in first]
-        for t in threads:
-            t.start()
-        wait_until(lambda: manager.describe()[0]["in_flight"] == 4, 30, "4 requests on v1")
-        c.post("/adapters", json={"name": "v2", "path": str(roots / "v2")}).raise_for_status()
-        c.put("/adapters/aliases/distill-latest", json={"name": "v2"}).raise_for_status()
-        second = [{} for _ in range(4)]
-        threads += [threading.Thread(target=_stream, args=(server.url, body, o)) for o in second]
-        for t in threads[4:]:
-            t.start()
-        assert manager.describe()[0]["in_flight"] > 0  # v1 still busy when its unload is asked for
-        r = c.delete("/adapters/v1")  # blocks until v1's requests have ended
-        assert r.status_code == 200
-        for t in threads:
-            t.join(120)
-        assert "v1" not in engine.adapters()
-        assert c.post("/rollout", json={**body, "adapter": "v1"}).status_code == 404
+        pool = ThreadPoolExecutor(1)
+        try:
+            c.post("/adapters", json={"name": "v1", "path": str(roots / "v1")}).raise_for_status()
+            c.put("/adapters/aliases/distill-latest", json={"name": "v1"}).raise_for_status()
+            pause_in_place(server.url)  # the first wave queues, then starts together
+            threads = [threading.Thread(target=_stream, args=(server.url, body, o)) for o in first]
+            for t in threads:
+                t.start()
+            # admitted, prefilled and one decode step each (two tokens streamed), then frozen in place
+            run_one_step_then_freeze(engine, server.url, 4)
+            assert v1().get("in_flight") == 4 and {s.adapter for s in engine.scheduler.live()} == {"v1"}
+            c.post("/adapters", json={"name": "v2", "path": str(roots / "v2")}).raise_for_status()
+            c.put("/adapters/aliases/distill-latest", json={"name": "v2"}).raise_for_status()
+            threads += [threading.Thread(target=_stream, args=(server.url, body, o)) for o in second]
+            for t in threads[4:]:
+                t.start()
+            wait_until(lambda: engine.scheduler.counts().waiting == 4, 30, "the second wave queued")
+            assert version("v2").get("in_flight") == 4  # the new wave resolved the alias to v2
+            assert v1().get("in_flight") == 4  # v1 still busy when its unload is asked for: its requests are frozen
+            unloading = pool.submit(c.delete, "/adapters/v1")  # blocks until v1's requests have ended
+            wait_until(lambda: v1().get("draining") or unloading.done(), 30, "v1 draining")
+            wait([unloading], timeout=0.5)  # time for a broken drain to unload anyway (a correct one waits:
+            # v1's requests are frozen, so no amount of time lets them end)
+            assert not unloading.done() and live_at_unload == [] and "v1" in engine.adapters()
+            assert v1().get("in_flight") == 4 and engine.scheduler.counts().running == 4
+            continue_generation(server.url)
+            r = unloading.result(timeout=120)
+            assert r.status_code == 200 and r.json()["unloaded"] == "v1"
+            for t in threads:
+                t.join(120)
+            assert not any(t.is_alive() for t in threads)
+            assert "v1" not in engine.adapters()
+            assert c.post("/rollout", json={**body, "adapter": "v1"}).status_code == 404
+        finally:  # a failure above must not leave the server paused (the DELETE and streams would hang)
+            if engine.weight_sync.mode is not None:
+                continue_generation(server.url)
+            pool.shutdown(wait=True)
     for o in first + second:
         assert o.get("status") == 200 and "error" not in o and o["tokens"] == n_tokens, o
     assert [o["adapter"] for o in first] == ["v1"] * 4  # each finished on the version it started with

@@ -2,8 +2,10 @@
 keeps serving; graceful shutdown drains, aborts with a final event, refuses new work (503)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -13,8 +15,10 @@ from fastapi.testclient import TestClient
 from helpers.fake_engine import FakeEngine, FaultyEngine
 from helpers.live_server import LiveServer, live_server, wait_until
 from helpers.tiny_models import load_plain, save_tiny_model
+from sparrow_server.engine.base import DuplicateRequestError, FinishReason
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
+from sparrow_server.server import shutdown
 from sparrow_server.server.limits import Limits
 
 PROMPT = list(range(1, 9))
@@ -108,10 +112,60 @@ def test_reference_engine_step_failure_is_contained(reference_client, monkeypatc
     assert health["status"] == "ok" and health["live_requests"] == 0 and health["free_pages"] == health["total_pages"]
 
 
-def test_graceful_shutdown_drains_then_aborts_with_a_final_event():
-    engine = FakeEngine(token_delay_s=0.02)
+class HeldEngine(FakeEngine):
+    """A ``FakeEngine`` (no token delay) whose request ``rid`` stops after ``holds[rid]``'s token counts:
+    after ``n`` tokens it waits for the ``threading.Event`` ``holds[rid][n]`` (or its abort). ``held[rid]``:
+    how many tokens it had sent when it last stopped."""
+
+    def __init__(self, holds: dict[str, dict[int, threading.Event]]):
+        super().__init__()
+        self.holds = holds
+        self.held: dict[str, int] = {}
+
+    async def submit(self, request):
+        self.validate(request)
+        if request.rid in self.live:
+            raise DuplicateRequestError(f"rid {request.rid!r} is already live")
+        aborted = self.live[request.rid] = asyncio.Event()
+        base, new, holds = sum(request.input_ids), request.sampling.max_new_tokens, self.holds.get(request.rid, {})
+        try:
+            for i in range(new):
+                if i in holds:
+                    self.held[request.rid] = i
+                    while not (holds[i].is_set() or aborted.is_set()):
+                        await asyncio.sleep(0.005)
+                if aborted.is_set():
+                    yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
+                    return
+                finish = FinishReason("length", length=new) if i == new - 1 else None
+                yield self._chunk(request, ((base + i) % self.vocab,), i + 1, finish)
+        finally:
+            self.live.pop(request.rid, None)
+
+
+class ShiftedClock:
+    """The drain's clock (``shutdown.time``): real time plus ``offset``, which the test moves past the drain's
+    deadline once it has seen what happens before it. Nothing in the drain depends on the machine's speed."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+
+DRAIN_S = 600.0  # never reached in real time: the test's clock shift ends the drain
+
+
+def test_graceful_shutdown_drains_then_aborts_with_a_final_event(monkeypatch):
+    clock = ShiftedClock()
+    monkeypatch.setattr(shutdown, "time", clock)
+    go, never = threading.Event(), threading.Event()
+    # "short" sends 1 token, "long" 5, and both wait until admission has closed; then "short" runs to
+    # its end within the drain while "long" sends 10 more and stays running until the drain aborts it.
+    engine = HeldEngine({"short": {1: go}, "long": {5: go, 15: never}})
     app = create_app(engine, limits=Limits(retry_after_s=2))
-    server = LiveServer(app, drain_timeout_s=3.0).start()
+    server = LiveServer(app, drain_timeout_s=DRAIN_S).start()
     admission = app.state.admission
     out: dict = {}
 
@@ -122,21 +176,31 @@ def test_graceful_shutdown_drains_then_aborts_with_a_final_event():
         out["short"] = httpx.post(f"{server.url}/rollout", json=body("short", tokens=60, stream=False), timeout=60)
 
     threads = [threading.Thread(target=long_stream), threading.Thread(target=short_request)]
-    for t in threads:
-        t.start()
-    wait_until(lambda: set(engine.live_requests()) == {"long", "short"}, what="both requests running")
-    stopper = threading.Thread(target=server.stop)
-    stopper.start()
-    wait_until(lambda: admission.closed, what="admission closed")
-    refused = httpx.post(f"{server.url}/rollout", json=body("late"), timeout=10)
-    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
-    assert refused.json()["error"]["type"] == "shutting_down"
-    assert httpx.get(f"{server.url}/health", timeout=10).status_code == 503
+    try:
+        for t in threads:
+            t.start()
+        wait_until(lambda: engine.held == {"long": 5, "short": 1}, timeout_s=30, what="both requests running")
+        stopper = threading.Thread(target=server.stop)
+        stopper.start()
+        wait_until(lambda: admission.closed, what="admission closed")
+        refused = httpx.post(f"{server.url}/rollout", json=body("late"), timeout=10)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+        assert refused.json()["error"]["type"] == "shutting_down"
+        assert httpx.get(f"{server.url}/health", timeout=10).status_code == 503
+        assert set(engine.live_requests()) == {"long", "short"}  # both in flight when the drain began
+        go.set()  # the in-flight requests go on during the drain
+        threads[1].join(30)
+        assert out["short"].status_code == 200 and out["short"].json()["meta"]["completion_tokens"] == 60  # finished in the drain
+        wait_until(lambda: engine.held.get("long") == 15, what="long streaming during the drain")
+        assert server.thread.is_alive() and engine.live_requests() == ("long",)  # the drain still waits for it
+    finally:
+        go.set()
+        clock.offset = DRAIN_S  # the drain's timeout passes: what is still running is aborted
     for t in threads:
         t.join(30)
     stopper.join(30)
     assert not server.thread.is_alive()
-    assert out["short"].status_code == 200 and out["short"].json()["meta"]["completion_tokens"] == 60  # finished in the drain
     events = events_of(out["long"])
     assert 10 < len(events) < 1000 and events[-1]["done"] is True and events[-1]["error"]["type"] == "shutdown"
+    assert len(events) == 16 and all(not e["done"] for e in events[:-1])  # its 15 tokens, then the final event
     assert not engine.live_requests() and not admission.active

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
+from typing import Callable
 
 import httpx
 import pytest
@@ -12,6 +14,8 @@ from fastapi.testclient import TestClient
 
 from helpers.fake_engine import FakeEngine
 from helpers.live_server import live_server, wait_until
+from sparrow_server.engine.base import DuplicateRequestError, FinishReason
+from sparrow_server.server import admission as admission_module
 from sparrow_server.server.admission import Admission, ShuttingDownError, TooManyRequestsError
 from sparrow_server.server.app import create_app
 from sparrow_server.server.limits import Limits
@@ -19,9 +23,56 @@ from sparrow_server.server.limits import Limits
 PROMPT = list(range(1, 9))
 
 
-def app_with(limits: Limits, token_delay_s: float = 0.0):
-    engine = FakeEngine(token_delay_s=token_delay_s)
+def app_with(limits: Limits, engine: FakeEngine | None = None):
+    engine = engine or FakeEngine()
     return create_app(engine, limits=limits), engine
+
+
+class ShiftedClock:
+    """Admission's clock (``admission.time``): real time plus ``offset``; ``jump`` moves it past every
+    deadline set so far. A deadline then passes at a known point of a request, whatever the machine's speed."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.offset
+
+    def jump(self) -> None:
+        self.offset += 1e6
+
+
+STALL_AFTER = 6  # tokens a StallingEngine sends before it holds a longer request
+
+
+class StallingEngine(FakeEngine):
+    """A ``FakeEngine`` (no token delay) that sends a request's first ``stall_after`` tokens at once and then
+    nothing until the request is aborted: a longer request never ends on its own. ``on_stall()`` runs just
+    before the last of those tokens goes out."""
+
+    def __init__(self, stall_after: int, on_stall: Callable[[], None] = lambda: None):
+        super().__init__()
+        self.stall_after, self.on_stall = stall_after, on_stall
+
+    async def submit(self, request):
+        self.validate(request)
+        if request.rid in self.live:
+            raise DuplicateRequestError(f"rid {request.rid!r} is already live")
+        aborted = self.live[request.rid] = asyncio.Event()
+        base, new = sum(request.input_ids), request.sampling.max_new_tokens
+        try:
+            for i in range(new):
+                if i == self.stall_after:
+                    await aborted.wait()
+                if aborted.is_set():
+                    yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
+                    return
+                if i == self.stall_after - 1 and new > self.stall_after:
+                    self.on_stall()
+                finish = FinishReason("length", length=new) if i == new - 1 else None
+                yield self._chunk(request, ((base + i) % self.vocab,), i + 1, finish)
+        finally:
+            self.live.pop(request.rid, None)
 
 
 def rollout_body(**overrides):
@@ -195,7 +246,7 @@ def long_body(tokens: int = 400) -> dict:
 
 def test_concurrency_queue_429_and_disconnect_frees_slots():
     limits = Limits(max_concurrent_streams=2, max_queue=1, max_streams_per_client=10, retry_after_s=3)
-    app, engine = app_with(limits, token_delay_s=0.02)
+    app, engine = app_with(limits, StallingEngine(STALL_AFTER))  # open streams end only when their clients go
     admission = app.state.admission
     with live_server(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         streams = [open_stream(client, long_body()) for _ in range(2)]
@@ -219,7 +270,7 @@ def test_concurrency_queue_429_and_disconnect_frees_slots():
 
 
 def test_per_client_limit_429():
-    app, _ = app_with(Limits(max_streams_per_client=1), token_delay_s=0.02)
+    app, _ = app_with(Limits(max_streams_per_client=1), StallingEngine(STALL_AFTER))
     with live_server(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         stream = open_stream(client, long_body())
         r = client.post("/generate", json={"input_ids": PROMPT})
@@ -230,18 +281,29 @@ def test_per_client_limit_429():
         assert client.post("/generate", json={"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}).status_code == 200
 
 
-def test_request_timeout_ends_stream_with_error_event_and_504():
-    app, engine = app_with(Limits(request_timeout_s=0.3), token_delay_s=0.02)
+def test_request_timeout_ends_stream_with_error_event_and_504(monkeypatch):
+    clock = ShiftedClock()
+    monkeypatch.setattr(admission_module, "time", clock)
+    # Streams: a 60 s timeout that passes (the clock jumps) as the engine sends its 6th token, after which
+    # it sends nothing: the timeout ends each stream right after those 6 tokens, long before its 400.
+    engine = StallingEngine(STALL_AFTER, on_stall=clock.jump)
+    app = create_app(engine, limits=Limits(request_timeout_s=60))
     with live_server(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
         events = events_of(client.post("/rollout", json=long_body()).text)
         assert events[-1]["done"] is True and events[-1]["error"]["type"] == "timeout"
         assert 3 < len(events) < 400
-        r = client.post("/rollout", json=rollout_body(sampling_params={"max_new_tokens": 400}))
-        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
-        # aborted, not left to run its 8 s out
-        wait_until(lambda: not engine.live and not app.state.admission.active, timeout_s=2.0, what="504 request aborted")
+        assert len(events) == STALL_AFTER + 1 and not any(e["done"] for e in events[:-1])  # its 6 tokens, then the error
         with client.stream("POST", "/generate", json={"input_ids": PROMPT, "stream": True,
                                                       "sampling_params": {"max_new_tokens": 400}}) as s:
             lines = [line for line in s.iter_lines() if line]
         assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["error"]["type"] == "timeout"
+        assert len(lines) == STALL_AFTER + 2
         wait_until(lambda: not engine.live and not app.state.admission.active, what="timed-out requests aborted")
+    # Non-streaming: the engine never finishes the request, so only the timeout (0.3 s, real time) ends it.
+    engine = StallingEngine(STALL_AFTER)
+    app = create_app(engine, limits=Limits(request_timeout_s=0.3))
+    with live_server(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        r = client.post("/rollout", json=rollout_body(sampling_params={"max_new_tokens": 400}))
+        assert r.status_code == 504 and r.json()["error"]["type"] == "timeout"
+        # aborted: the engine would hold it forever
+        wait_until(lambda: not engine.live and not app.state.admission.active, what="504 request aborted")

@@ -18,12 +18,14 @@ Payloads and parsing were written from reading the clients' sources:
 """
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from helpers.engine_brake import LoopPark
 from helpers.live_server import live_server, wait_until
 from helpers.server_util import CharTokenizer
 from helpers.tiny_models import TINY_VOCAB, load_plain, save_tiny_model
@@ -32,8 +34,8 @@ from sparrow_server.server.app import create_app
 from sparrow_server.server.control import HEALTH_CHECK_TIMEOUT_S
 
 PROMPT = [(5 * i + 2) % (TINY_VOCAB - 1) + 1 for i in range(40)]
-LONG = 600  # tokens: still generating when the control call arrives (see throttle_decode)
-STEP_FLOOR_S = 0.004  # a LONG rollout lasts >= 2.4 s on any machine: a fast idle CI host once finished it first
+LONG = 64  # tokens of a long rollout: it is parked (``parked_rollout``) well before its end
+PARK_AT = 3  # tokens the long rollout has when the engine's loop is parked
 
 
 @pytest.fixture(scope="module")
@@ -46,22 +48,9 @@ def ckpt(tmp_path_factory):
 def server(ckpt, one_torch_thread):
     tokenizer = CharTokenizer()
     engine = ReferenceEngine(load_plain(ckpt["a"], "sdpa"), tokenizer, "tiny", kv_pool_tokens=4096)
-    throttle_decode(engine, STEP_FLOOR_S)
     with live_server(create_app(engine, tokenizer=tokenizer)) as live:
         live.engine = engine
         yield live
-
-
-def throttle_decode(engine: ReferenceEngine, seconds: float) -> None:
-    """Give every decode step a floor of ``seconds``, so the control calls below land while a LONG rollout
-    still runs however fast the machine is (the tiny model decodes in well under a millisecond a token)."""
-    step = engine._decode_isolated
-
-    def floored(seqs):
-        time.sleep(seconds)
-        step(seqs)
-
-    engine._decode_isolated = floored
 
 
 # ----- the clients' helpers, as they are written ----------------------------------------------------
@@ -147,6 +136,28 @@ class LongRollout:
         return self.result
 
 
+def long_tokens(engine: ReferenceEngine) -> int:
+    """Tokens the LONG rollout has produced so far (0 before it runs)."""
+    return max((len(r.output) for r in engine.scheduler.live() if r.request.sampling.max_new_tokens == LONG),
+               default=0)
+
+
+@contextlib.contextmanager
+def parked_rollout(server, at: int = PARK_AT):
+    """A LONG rollout with the engine's loop parked between two steps once it has produced ``at`` tokens: the
+    control calls made inside find it provably live whatever the machine's speed (no timing involved), with
+    no step in progress (flush, release and pause take the step lock as they do between any two steps). An
+    abort made inside is marked at once and applied by the first step after ``park.go()``, which the test
+    calls when it needs the loop to run (leaving the block does too)."""
+    engine = server.engine
+    with LoopPark(engine) as park:
+        park.park_when(lambda: long_tokens(engine) >= at)
+        rollout = LongRollout(server.url)
+        park.wait_parked()
+        assert num_requests(server.url) == 1 and long_tokens(engine) == at  # slime's own look at the load
+        yield rollout, park
+
+
 def num_requests(url: str) -> int:
     return slime_num_requests_from_load(httpx.get(f"{url}/v1/loads?include=core", timeout=10).json())
 
@@ -163,12 +174,12 @@ def health_generate(url: str) -> int:
 
 # ----- slime --------------------------------------------------------------------------------------------
 def test_slime_abort_until_idle(server):
-    rollout = LongRollout(server.url)
-    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
-    assert httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
-    wait_until(lambda: num_requests(server.url) == 0, 10, "the server to be idle")
+    with parked_rollout(server) as (rollout, park):
+        assert httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10).status_code == 200
+        park.go()  # the loop applies the abort at its next step
+        wait_until(lambda: num_requests(server.url) == 0, 10, "the server to be idle")
     out = rollout.join()
-    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) < LONG
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) == PARK_AT < LONG
 
 
 def test_slime_flush_cache_refused_while_running_then_clears_kv_and_landmarks(server):
@@ -176,12 +187,12 @@ def test_slime_flush_cache_refused_while_running_then_clears_kv_and_landmarks(se
     slime_flush_cache(server.url)  # from all zeros (unused pages of a new pool are uninitialised memory)
     slime_generate(server.url, slime_sampling_params(max_new_tokens=20))  # leaves K/V and landmarks in freed pages
     assert cache.k.abs().sum() > 0 and cache.landmarks.abs().sum() > 0
-    rollout = LongRollout(server.url)
-    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
-    r = httpx.get(f"{server.url}/flush_cache", timeout=10)
-    assert r.status_code == 400 and "fail" in r.text.lower()  # SGLang's refusal while requests run
-    httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10)
-    rollout.join()
+    with parked_rollout(server) as (rollout, park):
+        r = httpx.get(f"{server.url}/flush_cache", timeout=10)
+        assert r.status_code == 400 and "fail" in r.text.lower()  # SGLang's refusal while requests run
+        httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10)
+        park.go()
+    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
     slime_flush_cache(server.url)
     assert cache.k.abs().sum() == 0 and cache.v.abs().sum() == 0 and cache.landmarks.abs().sum() == 0
     assert httpx.post(f"{server.url}/flush_cache", timeout=10).status_code == 200  # POST as well
@@ -279,10 +290,11 @@ def test_verl_http_adapter_sequence(server):
                "token_ids_logprob": None, "lora_path": None, "custom_logit_processor": None}
     out = verl_request(url, "generate", {k: v for k, v in payload.items() if v is not None})
     assert len(out["output_ids"]) == 5 and [t for _, t, _ in out["meta_info"]["output_token_logprobs"]] == out["output_ids"]
-    rollout = LongRollout(url)
-    wait_until(lambda: num_requests(url) == 1, 20, "the rollout to run")
-    verl_request(url, "abort_request", {"rid": "", "abort_all": True})
-    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
+    with parked_rollout(server) as (rollout, park):
+        verl_request(url, "abort_request", {"rid": "", "abort_all": True})
+        park.go()
+    out_long = rollout.join()
+    assert out_long["meta_info"]["finish_reason"]["type"] == "abort" and len(out_long["output_ids"]) == PARK_AT
     verl_request(url, "release_memory_occupation", {"tags": ["kv_cache"]})
     verl_request(url, "resume_memory_occupation", {"tags": None})
     assert verl_request(url, "generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 5,
@@ -291,12 +303,13 @@ def test_verl_http_adapter_sequence(server):
 
 
 def test_abort_by_rid_and_sglang_default_rid(server):
-    rollout = LongRollout(server.url)
-    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
-    assert httpx.post(f"{server.url}/abort_request", json={}, timeout=10).json()["num_aborted"] == 0  # rid "" = none
-    rid = server.engine.live_requests()[0]
-    assert httpx.post(f"{server.url}/abort_request", json={"rid": rid}, timeout=10).json()["num_aborted"] == 1
-    assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
+    with parked_rollout(server) as (rollout, park):
+        assert httpx.post(f"{server.url}/abort_request", json={}, timeout=10).json()["num_aborted"] == 0  # rid "" = none
+        (rid,) = server.engine.live_requests()
+        assert httpx.post(f"{server.url}/abort_request", json={"rid": rid}, timeout=10).json()["num_aborted"] == 1
+        park.go()
+    out = rollout.join()
+    assert out["meta_info"]["finish_reason"]["type"] == "abort" and len(out["output_ids"]) == PARK_AT
 
 
 # ----- SGLang's frontend ----------------------------------------------------------------------------------
@@ -315,16 +328,29 @@ def test_sglang_frontend_gen_payload(server):
     assert all(isinstance(t, str) for _, _, t in meta_info["output_token_logprobs"])
 
 
-def test_flush_timeout_waits_for_idle_and_release_needs_idle(server):
+def test_flush_timeout_waits_for_idle_and_release_needs_idle(server, monkeypatch):
     """SGLang 0.5.17: ``/flush_cache?timeout=s`` waits up to s for the server to become idle;
     ``release_memory_occupation`` needs an idle server."""
-    rollout = LongRollout(server.url)
-    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
-    r = httpx.post(f"{server.url}/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=10)
-    assert r.status_code == 400 and r.json()["success"] is False and not server.engine.cache.released
-    assert httpx.get(f"{server.url}/flush_cache?timeout=0.2", timeout=10).status_code == 400  # still running
-    threading.Timer(0.3, lambda: httpx.post(f"{server.url}/abort_request", json={"abort_all": True})).start()
-    assert httpx.get(f"{server.url}/flush_cache?timeout=30", timeout=60).status_code == 200  # waited for the abort
+    memory, refusals = server.engine.memory, []
+    flush = memory.flush_cache
+
+    def counted() -> bool:
+        done = flush()
+        refusals.extend([] if done else [1])
+        return done
+
+    monkeypatch.setattr(memory, "flush_cache", counted)  # to see the waiting flush refused while the rollout runs
+    with ThreadPoolExecutor(1) as pool, parked_rollout(server) as (rollout, park):
+        r = httpx.post(f"{server.url}/release_memory_occupation", json={"tags": ["kv_cache"]}, timeout=10)
+        assert r.status_code == 400 and r.json()["success"] is False and not server.engine.cache.released
+        assert httpx.get(f"{server.url}/flush_cache?timeout=0.2", timeout=10).status_code == 400  # still running
+        before = len(refusals)
+        flushing = pool.submit(lambda: httpx.get(f"{server.url}/flush_cache?timeout=30", timeout=60).status_code)
+        wait_until(lambda: len(refusals) > before, 30, "the flush to find the rollout running")
+        assert not flushing.done()  # waiting: the rollout is live (parked) and 30 s are far off
+        httpx.post(f"{server.url}/abort_request", json={"abort_all": True}, timeout=10)
+        park.go()  # the abort lands at the loop's next step; the server becomes idle
+        assert flushing.result(60) == 200  # waited for the abort
     assert rollout.join()["meta_info"]["finish_reason"]["type"] == "abort"
     assert httpx.get(f"{server.url}/flush_cache?timeout=-1", timeout=10).status_code == 422
 
@@ -356,17 +382,33 @@ def test_health_reports_released_kv_cache_until_resumed(server):
     assert status == 200 and body["status"] == "ok" and body["free_pages"] == body["total_pages"] > 0
 
 
-def test_health_reports_paused_generation_until_continued(server):
-    rollout = LongRollout(server.url)
-    wait_until(lambda: num_requests(server.url) == 1, 20, "the rollout to run")
-    assert health_generate(server.url) == 200  # busy: the engine finished a step
-    slime_make_request(server.url, "pause_generation", {"mode": "in_place"})
-    try:
-        status, body = health(server.url)
-        assert status == 503 and body["status"] == "paused" and "continue_generation" in body["detail"]
-        assert health_generate(server.url) == 503  # a live request that cannot move does not make it healthy
-    finally:
-        slime_make_request(server.url, "continue_generation")
+def test_health_reports_paused_generation_until_continued(server, monkeypatch):
+    engine, looks = server.engine, []
+    look = engine.health
+
+    def counted():
+        looks.append(1)
+        return look()
+
+    monkeypatch.setattr(engine, "health", counted)  # to see /health_generate waiting for the busy engine's step
+    with ThreadPoolExecutor(1) as pool, parked_rollout(server) as (rollout, park):
+        before = len(looks)
+        probing = pool.submit(health_generate, server.url)
+        # its first look and two polls of the step counter: parked, no step comes, and it is waiting for one
+        wait_until(lambda: len(looks) >= before + 3, 30, "/health_generate to wait for a step")
+        assert not probing.done()  # (SGLang's 20 s are far off)
+        park.park_when(lambda: long_tokens(engine) >= PARK_AT + 2)  # two steps more, then parked again
+        park.wait_parked()
+        assert probing.result(30) == 200  # busy: the engine finished a step
+        assert long_tokens(engine) == PARK_AT + 2 and num_requests(server.url) == 1
+        slime_make_request(server.url, "pause_generation", {"mode": "in_place"})
+        try:
+            status, body = health(server.url)
+            assert status == 503 and body["status"] == "paused" and "continue_generation" in body["detail"]
+            assert health_generate(server.url) == 503  # a live request that cannot move does not make it healthy
+        finally:
+            slime_make_request(server.url, "continue_generation")
+            park.go()
     assert health_generate(server.url) == 200 and health(server.url)[1]["status"] == "ok"
     out = rollout.join()
     assert out["meta_info"]["finish_reason"]["type"] == "length" and len(out["output_ids"]) == LONG
