@@ -86,25 +86,37 @@ def aborted_rollouts(url: str) -> float:
 
 
 def test_disconnect_mid_stream_aborts_and_frees_pages(server):
+    """The stream is cut while its request is frozen mid-generation (paused in place after its first
+    event: no step runs, so it cannot run out its 900 tokens however slow the client is); the abort
+    the disconnect makes must land while generation stays paused, and free the request's pages."""
     before = httpx.get(f"{server.url}/health", timeout=30).json()
     aborted_before = aborted_rollouts(server.url)
     body = {"input_ids": PROMPT, "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
-    with httpx.stream("POST", f"{server.url}/rollout", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        assert json.loads(next(l for l in lines if l)[6:])["done"] is False
-        assert httpx.get(f"{server.url}/health", timeout=30).json()["live_requests"] == 1
-    # Wait for the engine to forget the request and for its "aborted" count: the engine thread and the
-    # event loop that counts it run apart, so either may come first. The deadline only bounds a hang (a
-    # loaded 2-core CI box can take seconds); the count tells an abort from 900 tokens run out.
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        health = httpx.get(f"{server.url}/health", timeout=30).json()
-        if health["live_requests"] == 0 and aborted_rollouts(server.url) > aborted_before:
-            break
-        time.sleep(0.1)
-    assert health["live_requests"] == 0
-    assert health["free_pages"] == health["total_pages"] == before["total_pages"]
-    assert aborted_rollouts(server.url) == aborted_before + 1
+    try:
+        with httpx.stream("POST", f"{server.url}/rollout", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            assert json.loads(next(l for l in lines if l)[6:])["done"] is False
+            paused = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
+            assert paused.status_code == 200 and paused.json()["running_requests"] == 1, paused.text
+            held = httpx.get(f"{server.url}/health", timeout=30).json()  # 503 while paused, same fields
+            assert held["live_requests"] == 1 and held["free_pages"] < before["total_pages"]
+        # Disconnected. Wait for the engine to forget the request and for its "aborted" count: the engine
+        # thread and the event loop that counts it run apart, so either may come first. The deadline only
+        # bounds a hang (a loaded 2-core CI box can take seconds); paused, the request cannot end otherwise.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            health = httpx.get(f"{server.url}/health", timeout=30).json()
+            if health["live_requests"] == 0 and aborted_rollouts(server.url) > aborted_before:
+                break
+            time.sleep(0.1)
+        assert health["live_requests"] == 0 and health["status"] == "paused", health  # landed while paused
+        assert health["free_pages"] == health["total_pages"] == before["total_pages"]
+        assert aborted_rollouts(server.url) == aborted_before + 1
+    finally:
+        resumed = httpx.post(f"{server.url}/continue_generation", json={}, timeout=30)
+        assert resumed.status_code == 200 and resumed.json()["paused"] is None, resumed.text
+    after = httpx.get(f"{server.url}/health", timeout=30).json()
+    assert after["status"] == "ok" and after["live_requests"] == 0 and after["free_pages"] == before["total_pages"]
 
 
 def test_batch_helper_and_async_client(server):

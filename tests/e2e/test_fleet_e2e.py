@@ -226,11 +226,41 @@ async def _drive(router_url: str, rids: list[str], on_attempt) -> dict[str, list
     return results
 
 
-def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[str]) -> None:
-    """SIGKILL the victim while it decodes, wait until the router drops it, restart it on its port."""
+def _health(server: ForkedServer) -> dict:
+    """``/health``'s body (503 while generation is paused, with the same fields)."""
+    return httpx.get(f"{server.url}/health", timeout=10).json()
+
+
+def _pause_in_place(server: ForkedServer) -> dict:
+    """Freeze ``server``'s generation: no step runs after the one in progress (requests stay live, KV
+    kept; new ones queue); its ``/generation_state`` once paused."""
+    answer = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["paused"] == "in_place", answer.text
+    return answer.json()
+
+
+def _continue_generation(server: ForkedServer) -> None:
+    answer = httpx.post(f"{server.url}/continue_generation", json={}, timeout=30)
+    assert answer.status_code == 200 and answer.json()["paused"] is None, answer.text
+
+
+def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[str]) -> int:
+    """Freeze the victim in place while it holds routed requests, SIGKILL it, wait until the router
+    drops it, restart it on its port; returns how many requests it held when killed.
+
+    While paused in place nothing on the victim finishes (no step runs; routed requests arriving
+    meanwhile queue), so the requests counted under the pause are all live at the SIGKILL, however
+    slowly the kill follows. Its requests may all end before a pause lands (48 tokens each): then it
+    goes on and the next ones are caught."""
     server = fleet.servers[victim]
-    wait_for(lambda: httpx.get(f"{server.url}/health", timeout=2).json()["live_requests"] > 0, 30,
-             "the victim to have requests in flight", interval_s=0.02)
+    while True:
+        wait_for(lambda: _health(server)["live_requests"] > 0, 30, "the victim to have requests in flight",
+                 interval_s=0.02)
+        _pause_in_place(server)
+        held = _health(server)["live_requests"]
+        if held:
+            break
+        _continue_generation(server)
     server.kill()
     log.append("killed")
     router.wait_unhealthy(server.url, timeout_s=15)
@@ -238,6 +268,7 @@ def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[st
     fleet.restart(victim)
     router.wait_healthy([server.url], timeout_s=30)
     log.append("rejoined")
+    return held
 
 
 def _router_retries(router) -> float:
@@ -261,24 +292,49 @@ def _check_routing_edges(router, fleet: Fleet) -> None:
 
 def _check_live_rid_refused(router, fleet: Fleet) -> None:
     """A rid live on a server is refused there with 409, which the router passes through unretried;
-    on the other servers the same rid runs (no de-duplication across servers)."""
+    on the other servers the same rid runs (no de-duplication across servers).
+
+    The host is paused in place before the long request reaches it: the request queues there, live
+    (its rid held) but never stepped, so nothing but the abort below can end it, however slow the
+    checks. A paused server answers ``/health`` with 503, and two misses in a row (1 s apart) drop it
+    from the router: a round in which the router dropped the host does not judge the router's answers
+    (it routed to two workers) and is run again once the host is back."""
+    for _ in range(3):
+        codes, host_kept = _live_rid_round(router, fleet.servers[0])
+        if host_kept:
+            break
+        router.wait_healthy([fleet.servers[0].url], timeout_s=30)
+    assert host_kept, "the router dropped the paused host in every round"
+    assert codes == [200, 200, 409]  # round_robin: one attempt per server, the 409 came back as is
+
+
+def _live_rid_round(router, host: ForkedServer) -> tuple[list[int], bool]:
+    """One round of ``_check_live_rid_refused``: the router's answers and whether the router kept the
+    host all along (a paused server cannot come back into the router, so kept at the end = kept throughout)."""
     import threading
 
     long_body = {"input_ids": [1, 2, 3], "rid": "live-rid", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
-    host = fleet.servers[0]
     finished: list[dict] = []
+    _pause_in_place(host)
     runner = threading.Thread(target=lambda: finished.append(httpx.post(f"{host.url}/generate", json=long_body, timeout=120).json()))
     runner.start()
+    ended_while_paused = False
     try:
-        wait_for(lambda: httpx.get(f"{host.url}/health", timeout=2).json()["live_requests"] > 0, 20, "the long request")
+        wait_for(lambda: _health(host)["live_requests"] == 1, 20, "the long request to queue on the paused host")
+        state = httpx.get(f"{host.url}/generation_state", timeout=10).json()
+        assert (state["paused"], state["waiting_requests"], state["running_requests"]) == ("in_place", 1, 0), state
         assert httpx.post(f"{host.url}/generate", json=long_body, timeout=10).status_code == 409
         short = {**long_body, "sampling_params": {"max_new_tokens": 1}}
         codes = sorted(router.client.post(f"{router.url}/generate", json=short).status_code for _ in range(N_SERVERS))
-        assert codes == [200, 200, 409]  # round_robin: one attempt per server, the 409 came back as is
+        host_kept = host.url in router.healthy_worker_urls()
     finally:
-        httpx.post(f"{host.url}/abort_request", json={"rid": "live-rid"}, timeout=10)
+        abort = httpx.post(f"{host.url}/abort_request", json={"rid": "live-rid"}, timeout=10).json()
+        runner.join(60)  # still paused: the abort ends the queued request without a step
+        ended_while_paused = not runner.is_alive()
+        _continue_generation(host)
         runner.join(60)
-    assert finished and finished[0]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert ended_while_paused and finished and finished[0]["meta_info"]["finish_reason"]["type"] == "abort", (abort, finished)
+    return codes, host_kept
 
 
 @pytest.mark.slow
@@ -309,10 +365,9 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
                 chaos = asyncio.get_running_loop().run_in_executor(
                     None, _kill_when_busy_then_restart, fleet, router, victim, events)
                 results = await _drive(router.url, rids, attempts.update)
-                await chaos
-                return results
+                return results, await chaos
 
-            results = asyncio.run(rollouts_during_restart())
+            results, held_at_kill = asyncio.run(rollouts_during_restart())
             router_retries = _router_retries(router) - router_retries
             phases["rollouts through the restart"] = time.monotonic() - started
             before = _served_generate(fleet.servers[victim])
@@ -332,10 +387,11 @@ def test_fleet_rollouts_exactly_once_through_a_server_restart(tmp_path):
         assert meta["sparrow"]["schedule"] == SCHEDULE_NAME  # carried by extra_key through the router
         assert meta["sparrow"]["kv_budget_tokens_mean"] <= SPARSE_SCHEDULE["budgets_tokens"][0]
     client_resends = sum(attempts[r] - 1 for r in rids)
-    # the kill cut requests in flight: the router re-sent them to another worker, or (when its own
-    # retries were spent) answered 5xx and the client re-sent them with the same rid
-    assert router_retries + client_resends >= 1
+    # the kill cut the requests the victim held (live under its pause): the router re-sent each to
+    # another worker, or (when its own retries were spent) answered 5xx and the client re-sent it with
+    # the same rid
+    assert held_at_kill >= 1 and router_retries + client_resends >= held_at_kill
     assert rejoined_served >= 1, router_workers  # the restarted server takes traffic again
     print(f"fleet test: {elapsed:.1f} s ({', '.join(f'{k} at {v:.1f} s' for k, v in phases.items())}); "
-          f"router retries {router_retries:.0f}, client re-sends {client_resends}")
+          f"held at the kill {held_at_kill}, router retries {router_retries:.0f}, client re-sends {client_resends}")
 
