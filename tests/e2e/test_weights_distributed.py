@@ -4,7 +4,7 @@ while it joins the group as rank 0 (on a master port it bound itself), then each
 ``/update_weights_from_distributed`` while it broadcasts every tensor of the next checkpoint.
 
 The steps run against a server in this process (uvicorn on a loopback socket, its engine joining the group
-as rank 1), so the test can hold its engine's loop in a known decode step (``helpers/engine_brake.py``)
+as rank 1), so the test can hold its engine's loop in a known decode step (``helpers/pause_util.py``)
 while the trainer's broadcast arrives, whatever the machine's speed. The failures run against a server in
 a subprocess (they leave gloo threads to end on their own timeouts: not in the test process).
 
@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 
-from helpers.engine_brake import DecodeBrake
-from helpers.live_server import LiveServer, wait_until
+from helpers.live_server import LiveServer
+from helpers.pause_util import DRAIN_HOLD_S, update_while_streaming
 from helpers.server_util import ServerProcess, refused_url
 from helpers.tiny_models import load_plain, save_tiny_model
 from helpers.trainer_process import TrainerProcess
 from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
-from sparrow_server.client.weights import pause, resume
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 
@@ -41,7 +39,6 @@ GROUP_TIMEOUT_S = 10.0  # the server's weight-group timeout (serve --weight-grou
 SLACK_S = 10.0  # on top of it: the answer of a failed group operation comes within GROUP_TIMEOUT_S + SLACK_S
 STEPS = ("b", "c", "d")
 IN_FLIGHT_TOKENS = 120  # the brake, not their length, keeps the streams in flight while the broadcast arrives
-DRAIN_HOLD_S = 0.1  # the in-flight streams are held this long after the update closed the gate
 SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 26"}
 
 
@@ -123,23 +120,11 @@ def test_trainer_broadcasts_every_step_while_rollouts_stream(live, ckpt, trainer
     assert opened["trainer"] == "ok" and opened["server"]["status"] == 200, opened
     assert opened["server"]["body"] == {"success": True, "message": "Succeeded to initialize custom process group."}
     for step, name in enumerate(STEPS, 1):
-        pause([server.url], "in_place")  # the streams queue, then start together
-        in_flight = [StreamInThread(server.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)]
-        wait_until(lambda: engine.scheduler.counts().waiting == 2, 60, "the two streams queued")
-        brake = DecodeBrake(engine, at=1)  # their first decode step: both running, far from done
-        resume([server.url])
-        try:
-            wait_until(brake.reached.is_set, 60, "the streams' first decode step")
-            with ThreadPoolExecutor(1) as pool:
-                updating = pool.submit(update, t, server, ckpt[name], "steps", body={"weight_version": f"step-{step}"},
-                                       flattened=step == len(STEPS))  # the last step as SGLang's flattened_bucket
-                # the whole broadcast was received: the swap closed the gate and drains the braked streams
-                wait_until(lambda: engine.weight_sync.updating or updating.done(), 120, "the update to close the gate")
-                time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
-                brake.release()
-                answer = updating.result()
-        finally:
-            brake.release()
+        in_flight, answer = update_while_streaming(
+            engine, server.url, lambda: [StreamInThread(server.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)],
+            # the swap closes the gate once the whole broadcast was received; the last step as SGLang's flattened_bucket
+            lambda: update(t, server, ckpt[name], "steps", body={"weight_version": f"step-{step}"},
+                           flattened=step == len(STEPS)))
         assert answer["trainer"] == "ok" and answer["server"]["status"] == 200, answer
         reply = answer["server"]["body"]
         assert reply["success"] and reply["weight_version"] == f"step-{step}"

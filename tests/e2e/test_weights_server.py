@@ -6,7 +6,6 @@ architectures answer 400 and the old weights keep serving; pause/continue over H
 from __future__ import annotations
 
 import json
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -15,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from helpers.engine_brake import DecodeBrake
 from helpers.live_server import LiveServer, wait_until
+from helpers.pause_util import DRAIN_HOLD_S, update_while_streaming
 from helpers.server_util import refused_url
 from helpers.tiny_models import load_plain, save_tiny_model
 from helpers.weight_rollouts import TOL, InProcessServer, StreamInThread, rollout, version
@@ -26,7 +26,6 @@ from sparrow_server.server.security import SecurityConfig
 
 SPARSE = {"budgets_tokens": [48], "dense_layers": [0], "sink_pages": 1, "recent_pages": 1, "description": "issue 8"}
 IN_FLIGHT_TOKENS = 120
-DRAIN_HOLD_S = 0.1  # the in-flight streams are held this long after the update closed the gate
 
 
 @pytest.fixture(scope="module")
@@ -56,21 +55,9 @@ def test_update_while_streaming_then_first_rollout_equals_a_fresh_server(servers
     updated, fresh = servers
     before = rollout(updated)
     engine = updated.engine
-    pause([updated.url], "in_place")  # the streams queue, then start together
-    in_flight = [StreamInThread(updated.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)]
-    wait_until(lambda: engine.scheduler.counts().waiting == 2, 60, "the two streams queued")
-    brake = DecodeBrake(engine, at=1)  # their first decode step: both running, far from done
-    resume([updated.url])
-    try:
-        wait_until(brake.reached.is_set, 60, "the streams' first decode step")
-        with ThreadPoolExecutor(1) as pool:
-            update = pool.submit(update_weights, [updated.url], str(ckpt["b"]), weight_version="step-1")
-            wait_until(lambda: engine.weight_sync.updating or update.done(), 60, "the update to close the gate")
-            time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
-            brake.release()
-            replies = update.result()
-    finally:
-        brake.release()
+    in_flight, replies = update_while_streaming(
+        engine, updated.url, lambda: [StreamInThread(updated.url, max_new_tokens=IN_FLIGHT_TOKENS) for _ in range(2)],
+        lambda: update_weights([updated.url], str(ckpt["b"]), weight_version="step-1"))
     reply = replies[updated.url]
     assert reply["success"] and reply["weight_version"] == "step-1"
     assert reply["previous_weight_version"] == DEFAULT_WEIGHT_VERSION and reply["num_aborted_requests"] == 0

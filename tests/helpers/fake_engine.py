@@ -56,8 +56,7 @@ class FakeEngine(Engine):
         new = request.sampling.max_new_tokens
         try:
             for i in range(new):
-                if self.token_delay_s:
-                    await asyncio.sleep(self.token_delay_s)
+                await self.before_token(request.rid, i, aborted)
                 if aborted.is_set():
                     yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
                     return
@@ -65,6 +64,11 @@ class FakeEngine(Engine):
                 yield self._chunk(request, ((base + i) % self.vocab,), i + 1, finish)
         finally:
             self.live.pop(request.rid, None)
+
+    async def before_token(self, rid: str, i: int, aborted: asyncio.Event) -> None:
+        """Runs before request ``rid``'s token ``i`` (0-based); a subclass may hold it here."""
+        if self.token_delay_s:
+            await asyncio.sleep(self.token_delay_s)
 
     def _chunk(self, request: GenerationRequest, tokens: tuple[int, ...], done: int, finish) -> GenerationChunk:
         top = tuple(((-0.5, t),) * min(request.top_logprobs, 1) for t in tokens) if request.top_logprobs else None

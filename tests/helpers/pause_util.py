@@ -8,32 +8,35 @@ queued ones are not admitted, so nothing finishes by length however long a test 
 frozen again after exactly their prefill and first decode step (two tokens each, streamed),
 with a ``DecodeBrake`` holding the loop inside that step until the new pause's gate is closed.
 No timing is involved: a test acts on requests that are provably live and provably far from done.
+
+``update_while_streaming``: a weight update that lands while streams are provably mid-rollout (held in
+their first decode step) and must wait ``DRAIN_HOLD_S`` or more for them.
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
-
-import httpx
+from typing import Any, Callable
 
 from helpers.engine_brake import DecodeBrake
 from helpers.live_server import wait_until
+from sparrow_server.client.weights import pause, resume
 
 IN_PLACE = "in_place"
 TOKENS_WHEN_FROZEN = 2  # the prefill's token and the one decode step's
+DRAIN_HOLD_S = 0.1  # update_while_streaming holds the in-flight streams this long after the update closed the gate
 
 
 def pause_in_place(url: str) -> dict:
-    reply = httpx.post(f"{url}/pause_generation", json={"mode": IN_PLACE}, timeout=60)
-    reply.raise_for_status()
-    assert reply.json()["paused"] == IN_PLACE, reply.text
-    return reply.json()
+    reply = pause([url], IN_PLACE, timeout=60)[url]
+    assert reply["paused"] == IN_PLACE, reply
+    return reply
 
 
 def continue_generation(url: str) -> dict:
-    reply = httpx.post(f"{url}/continue_generation", json={}, timeout=60)
-    reply.raise_for_status()
-    assert reply.json()["paused"] is None, reply.text
-    return reply.json()
+    reply = resume([url], timeout=60)[url]
+    assert reply["paused"] is None, reply
+    return reply
 
 
 def run_one_step_then_freeze(engine, url: str, count: int, timeout_s: float = 60) -> None:
@@ -65,4 +68,28 @@ def run_one_step_then_freeze(engine, url: str, count: int, timeout_s: float = 60
     assert engine.weight_sync.mode == IN_PLACE
 
 
-__all__ = ["pause_in_place", "continue_generation", "run_one_step_then_freeze", "TOKENS_WHEN_FROZEN"]
+def update_while_streaming(engine, url: str, start_streams: Callable[[], list], update: Callable[[], Any],
+                           timeout_s: float = 120) -> tuple[list, Any]:
+    """Pauses in place, starts ``start_streams()`` (they queue), lets them go and holds the loop in their first
+    decode step; runs ``update()`` on a thread until the swap closes the gate, holds the streams ``DRAIN_HOLD_S``
+    longer, then lets them finish. Returns the streams and ``update()``'s result: the update's drain lasted at
+    least ``DRAIN_HOLD_S`` and the streams finished on the old weights, unless the swap does not drain."""
+    pause_in_place(url)
+    streams = start_streams()  # queued behind the pause, then started together
+    wait_until(lambda: engine.scheduler.counts().waiting == len(streams), timeout_s, f"{len(streams)} streams queued")
+    brake = DecodeBrake(engine, at=1)  # their first decode step: all running, far from done
+    continue_generation(url)
+    try:
+        wait_until(brake.reached.is_set, timeout_s, "the streams' first decode step")
+        with ThreadPoolExecutor(1) as pool:
+            updating = pool.submit(update)
+            wait_until(lambda: engine.weight_sync.updating or updating.done(), timeout_s, "the update to close the gate")
+            time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
+            brake.release()
+            return streams, updating.result()
+    finally:
+        brake.release()
+
+
+__all__ = ["pause_in_place", "continue_generation", "run_one_step_then_freeze", "update_while_streaming",
+           "TOKENS_WHEN_FROZEN", "DRAIN_HOLD_S"]

@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from helpers.fake_engine import FakeEngine, FaultyEngine
 from helpers.live_server import LiveServer, live_server, wait_until
 from helpers.tiny_models import load_plain, save_tiny_model
-from sparrow_server.engine.base import DuplicateRequestError, FinishReason
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
 from sparrow_server.server import shutdown
@@ -122,25 +121,12 @@ class HeldEngine(FakeEngine):
         self.holds = holds
         self.held: dict[str, int] = {}
 
-    async def submit(self, request):
-        self.validate(request)
-        if request.rid in self.live:
-            raise DuplicateRequestError(f"rid {request.rid!r} is already live")
-        aborted = self.live[request.rid] = asyncio.Event()
-        base, new, holds = sum(request.input_ids), request.sampling.max_new_tokens, self.holds.get(request.rid, {})
-        try:
-            for i in range(new):
-                if i in holds:
-                    self.held[request.rid] = i
-                    while not (holds[i].is_set() or aborted.is_set()):
-                        await asyncio.sleep(0.005)
-                if aborted.is_set():
-                    yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
-                    return
-                finish = FinishReason("length", length=new) if i == new - 1 else None
-                yield self._chunk(request, ((base + i) % self.vocab,), i + 1, finish)
-        finally:
-            self.live.pop(request.rid, None)
+    async def before_token(self, rid: str, i: int, aborted: asyncio.Event) -> None:
+        hold = self.holds.get(rid, {}).get(i)
+        if hold is not None:
+            self.held[rid] = i
+            while not (hold.is_set() or aborted.is_set()):
+                await asyncio.sleep(0.005)
 
 
 class ShiftedClock:
