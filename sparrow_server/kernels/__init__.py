@@ -39,4 +39,4 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # selection than ``fused_rolled_narrow`` in every case (summed over six contexts at batch 16: 208.2 vs 234.1 and 207.0
 # vs 231.5 us; 33K x 16: 33.9 vs 39.6 and 33.8 vs 39.0; batch 34: 69.1-72.7 vs 78.1-81.3; batch 64: 61.8-68.4 vs
 # 64.0-74.0).
-DEFAULT_SELECT_VARIANT = "fused_atomic_narrow"
+DEFAULT_SELECT_VARIANT = "fused_joint_narrow"
