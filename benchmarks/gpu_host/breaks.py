@@ -96,12 +96,12 @@ BREAKS = (
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("atomic_rounds_share_bins", "the atomic histograms' rounds count into one set of 256 bins, not each its own "
-          "zeroed third of the row's (fused_atomic_narrow, the default since call 32)", TOPK,
+          "zeroed third of the row's (fused_atomic_narrow and the variants built on it, the default fused_joint_narrow among them)", TOPK,
           "round_bins = bins + (16 - shift) * 32", "round_bins = bins",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("atomic_bins_read_unsynced", "the atomic histograms' bins read without the block barrier after the atomics "
-          "(fused_atomic_narrow, the default since call 32)", RADIX,
+          "(fused_atomic_narrow and the variants built on it, the default fused_joint_narrow among them)", RADIX,
           "tl.debug_barrier()\n    return tl.load(bins + tl.arange(0, 256)", "return tl.load(bins + tl.arange(0, 256)",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),

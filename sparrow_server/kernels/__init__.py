@@ -39,4 +39,8 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # selection than ``fused_rolled_narrow`` in every case (summed over six contexts at batch 16: 208.2 vs 234.1 and 207.0
 # vs 231.5 us; 33K x 16: 33.9 vs 39.6 and 33.8 vs 39.0; batch 34: 69.1-72.7 vs 78.1-81.3; batch 64: 61.8-68.4 vs
 # 64.0-74.0).
+# ``fused_joint_narrow`` (call 33, H200, benchmarks/results/speed/call33/): picked over ``fused_topdigits_narrow`` and
+# ``fused_atomic_narrow`` (summed over six contexts at batch 16: 201.2 vs 202.0 vs 208.2 us), less selection than
+# ``fused_atomic_narrow`` in every case (33K x 16: 32.9 vs 34.1; batch 34: 67.2-69.7 vs 69.4-72.9; batch 64: 60.2-67.3
+# vs 61.8-67.9); its index write 2.17 vs 2.42 us in the phase profile at 33K x 16.
 DEFAULT_SELECT_VARIANT = "fused_joint_narrow"
