@@ -96,7 +96,8 @@ BREAKS = (
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("atomic_rounds_share_bins", "the atomic histograms' rounds count into one set of 256 bins, not each its own "
-          "zeroed third of the row's (fused_atomic_narrow and the variants built on it, the default fused_joint_narrow among them)", TOPK,
+          "zeroed third of the row's (fused_atomic_narrow and the variants built on it, the default "
+          "fused_joint_narrow among them)", TOPK,
           "round_bins = bins + (16 - shift) * 32", "round_bins = bins",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),

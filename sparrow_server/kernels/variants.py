@@ -79,8 +79,8 @@ class TopKVariant:
     # key (``radix.top_digits_round``; Triton 3.6 lowers it to 6 ballots and a popcount a key, the 256-bin one to 9 and
     # 8), the 256-bin histogram only where the k-th key lies 31 or more digits below the highest. Call 32's bench at
     # batch 16 (one host): selection 201.2 against ``fused_atomic_narrow``'s 207.4 us summed over six contexts, less in
-    # each (32.8 against 33.8 at 33K); call 33 (another host) at batch 34: 67.5 and 70.4 against 69.4 and 72.9 us, beside
-    # ``joint_write``, which won the pick.
+    # each (32.8 against 33.8 at 33K); call 33 (another host) at batch 34: 67.5 and 70.4 against 69.4 and 72.9 us,
+    # beside ``joint_write``, which won the pick.
     top_digits: bool = False
     # With ``packed``: a row of two register blocks (a tier with a tail) ranks both blocks' taken keys before either
     # gathers its page ids from ``req_to_token`` (``radix.write_row_packed``). Block by block, a warp waits a memory

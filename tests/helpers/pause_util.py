@@ -83,7 +83,8 @@ def update_while_streaming(engine, url: str, start_streams: Callable[[], list], 
         wait_until(brake.reached.is_set, timeout_s, "the streams' first decode step")
         with ThreadPoolExecutor(1) as pool:
             updating = pool.submit(update)
-            wait_until(lambda: engine.weight_sync.updating or updating.done(), timeout_s, "the update to close the gate")
+            wait_until(lambda: engine.weight_sync.updating or updating.done(), timeout_s,
+                       "the update to close the gate")
             time.sleep(DRAIN_HOLD_S)  # a sleep lasts at least this long: so does the update's drain
             brake.release()
             return streams, updating.result()
