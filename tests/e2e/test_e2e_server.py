@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 
+from helpers.pause_util import continue_generation, pause_in_place
 from helpers.server_util import ServerProcess
 from helpers.tiny_models import TINY_VOCAB, load_plain, teacher_forced_logprobs
 from sparrow_server.client import AsyncSparrowClient, SparrowClient, SparrowError
@@ -96,8 +97,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server):
         with httpx.stream("POST", f"{server.url}/rollout", json=body, timeout=60) as r:
             lines = r.iter_lines()
             assert json.loads(next(l for l in lines if l)[6:])["done"] is False
-            paused = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
-            assert paused.status_code == 200 and paused.json()["running_requests"] == 1, paused.text
+            assert pause_in_place(server.url)["running_requests"] == 1
             held = httpx.get(f"{server.url}/health", timeout=30).json()  # 503 while paused, same fields
             assert held["live_requests"] == 1 and held["free_pages"] < before["total_pages"]
         # Disconnected. Wait for the engine to forget the request and for its "aborted" count: the engine
@@ -113,8 +113,7 @@ def test_disconnect_mid_stream_aborts_and_frees_pages(server):
         assert health["free_pages"] == health["total_pages"] == before["total_pages"]
         assert aborted_rollouts(server.url) == aborted_before + 1
     finally:
-        resumed = httpx.post(f"{server.url}/continue_generation", json={}, timeout=30)
-        assert resumed.status_code == 200 and resumed.json()["paused"] is None, resumed.text
+        continue_generation(server.url)
     after = httpx.get(f"{server.url}/health", timeout=30).json()
     assert after["status"] == "ok" and after["live_requests"] == 0 and after["free_pages"] == before["total_pages"]
 

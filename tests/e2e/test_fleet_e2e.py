@@ -30,6 +30,7 @@ import httpx
 import pytest
 
 from helpers.forked_servers import ForkedServer, Zygote, wait_for, wait_healthy
+from helpers.pause_util import continue_generation, pause_in_place
 
 SPARSE_SCHEDULE = {"budgets_tokens": [64], "dense_layers": [0], "description": "fleet test: 4 pages of KV"}
 SCHEDULE_NAME = "fleet-sparse"
@@ -231,19 +232,6 @@ def _health(server: ForkedServer) -> dict:
     return httpx.get(f"{server.url}/health", timeout=10).json()
 
 
-def _pause_in_place(server: ForkedServer) -> dict:
-    """Freeze ``server``'s generation: no step runs after the one in progress (requests stay live, KV
-    kept; new ones queue); its ``/generation_state`` once paused."""
-    answer = httpx.post(f"{server.url}/pause_generation", json={"mode": "in_place"}, timeout=30)
-    assert answer.status_code == 200 and answer.json()["paused"] == "in_place", answer.text
-    return answer.json()
-
-
-def _continue_generation(server: ForkedServer) -> None:
-    answer = httpx.post(f"{server.url}/continue_generation", json={}, timeout=30)
-    assert answer.status_code == 200 and answer.json()["paused"] is None, answer.text
-
-
 def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[str]) -> int:
     """Freeze the victim in place while it holds routed requests, SIGKILL it, wait until the router
     drops it, restart it on its port; returns how many requests it held when killed.
@@ -256,11 +244,11 @@ def _kill_when_busy_then_restart(fleet: Fleet, router, victim: int, log: list[st
     while True:
         wait_for(lambda: _health(server)["live_requests"] > 0, 30, "the victim to have requests in flight",
                  interval_s=0.02)
-        _pause_in_place(server)
+        pause_in_place(server.url)
         held = _health(server)["live_requests"]
         if held:
             break
-        _continue_generation(server)
+        continue_generation(server.url)
     server.kill()
     log.append("killed")
     router.wait_unhealthy(server.url, timeout_s=15)
@@ -315,7 +303,7 @@ def _live_rid_round(router, host: ForkedServer) -> tuple[list[int], bool]:
 
     long_body = {"input_ids": [1, 2, 3], "rid": "live-rid", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
     finished: list[dict] = []
-    _pause_in_place(host)
+    pause_in_place(host.url)
     runner = threading.Thread(target=lambda: finished.append(httpx.post(f"{host.url}/generate", json=long_body, timeout=120).json()))
     runner.start()
     ended_while_paused = False
@@ -331,7 +319,7 @@ def _live_rid_round(router, host: ForkedServer) -> tuple[list[int], bool]:
         abort = httpx.post(f"{host.url}/abort_request", json={"rid": "live-rid"}, timeout=10).json()
         runner.join(60)  # still paused: the abort ends the queued request without a step
         ended_while_paused = not runner.is_alive()
-        _continue_generation(host)
+        continue_generation(host.url)
         runner.join(60)
     assert ended_while_paused and finished and finished[0]["meta_info"]["finish_reason"]["type"] == "abort", (abort, finished)
     return codes, host_kept

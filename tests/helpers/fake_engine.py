@@ -56,7 +56,7 @@ class FakeEngine(Engine):
         new = request.sampling.max_new_tokens
         try:
             for i in range(new):
-                await self.before_token(request.rid, i, aborted)
+                await self.before_token(request, i, aborted)
                 if aborted.is_set():
                     yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
                     return
@@ -65,8 +65,8 @@ class FakeEngine(Engine):
         finally:
             self.live.pop(request.rid, None)
 
-    async def before_token(self, rid: str, i: int, aborted: asyncio.Event) -> None:
-        """Runs before request ``rid``'s token ``i`` (0-based); a subclass may hold it here."""
+    async def before_token(self, request: GenerationRequest, i: int, aborted: asyncio.Event) -> None:
+        """Runs before ``request``'s token ``i`` (0-based) goes out; a subclass may hold it here."""
         if self.token_delay_s:
             await asyncio.sleep(self.token_delay_s)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 
 import httpx
 import pytest
@@ -14,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from helpers.fake_engine import FakeEngine, FaultyEngine
 from helpers.live_server import LiveServer, live_server, wait_until
+from helpers.shifted_clock import ShiftedClock
 from helpers.tiny_models import load_plain, save_tiny_model
 from sparrow_server.engine.reference import ReferenceEngine
 from sparrow_server.server.app import create_app
@@ -121,26 +121,15 @@ class HeldEngine(FakeEngine):
         self.holds = holds
         self.held: dict[str, int] = {}
 
-    async def before_token(self, rid: str, i: int, aborted: asyncio.Event) -> None:
-        hold = self.holds.get(rid, {}).get(i)
+    async def before_token(self, request, i: int, aborted: asyncio.Event) -> None:
+        hold = self.holds.get(request.rid, {}).get(i)
         if hold is not None:
-            self.held[rid] = i
+            self.held[request.rid] = i
             while not (hold.is_set() or aborted.is_set()):
                 await asyncio.sleep(0.005)
 
 
-class ShiftedClock:
-    """The drain's clock (``shutdown.time``): real time plus ``offset``, which the test moves past the drain's
-    deadline once it has seen what happens before it. Nothing in the drain depends on the machine's speed."""
-
-    def __init__(self):
-        self.offset = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
-
-
-DRAIN_S = 600.0  # never reached in real time: the test's clock shift ends the drain
+DRAIN_S = 600.0  # never reached in real time: the test moves the drain's clock (shutdown.time) past it
 
 
 def test_graceful_shutdown_drains_then_aborts_with_a_final_event(monkeypatch):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from typing import Callable
 
 import httpx
@@ -14,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from helpers.fake_engine import FakeEngine
 from helpers.live_server import live_server, wait_until
-from sparrow_server.engine.base import DuplicateRequestError, FinishReason
+from helpers.shifted_clock import ShiftedClock
 from sparrow_server.server import admission as admission_module
 from sparrow_server.server.admission import Admission, ShuttingDownError, TooManyRequestsError
 from sparrow_server.server.app import create_app
@@ -26,20 +25,6 @@ PROMPT = list(range(1, 9))
 def app_with(limits: Limits, engine: FakeEngine | None = None):
     engine = engine or FakeEngine()
     return create_app(engine, limits=limits), engine
-
-
-class ShiftedClock:
-    """Admission's clock (``admission.time``): real time plus ``offset``; ``jump`` moves it past every
-    deadline set so far. A deadline then passes at a known point of a request, whatever the machine's speed."""
-
-    def __init__(self):
-        self.offset = 0.0
-
-    def monotonic(self) -> float:
-        return time.monotonic() + self.offset
-
-    def jump(self) -> None:
-        self.offset += 1e6
 
 
 STALL_AFTER = 6  # tokens a StallingEngine sends before it holds a longer request
@@ -54,25 +39,11 @@ class StallingEngine(FakeEngine):
         super().__init__()
         self.stall_after, self.on_stall = stall_after, on_stall
 
-    async def submit(self, request):
-        self.validate(request)
-        if request.rid in self.live:
-            raise DuplicateRequestError(f"rid {request.rid!r} is already live")
-        aborted = self.live[request.rid] = asyncio.Event()
-        base, new = sum(request.input_ids), request.sampling.max_new_tokens
-        try:
-            for i in range(new):
-                if i == self.stall_after:
-                    await aborted.wait()
-                if aborted.is_set():
-                    yield self._chunk(request, (), i, FinishReason("abort", message="aborted"))
-                    return
-                if i == self.stall_after - 1 and new > self.stall_after:
-                    self.on_stall()
-                finish = FinishReason("length", length=new) if i == new - 1 else None
-                yield self._chunk(request, ((base + i) % self.vocab,), i + 1, finish)
-        finally:
-            self.live.pop(request.rid, None)
+    async def before_token(self, request, i: int, aborted: asyncio.Event) -> None:
+        if i == self.stall_after - 1 and request.sampling.max_new_tokens > self.stall_after:
+            self.on_stall()
+        if i == self.stall_after:
+            await aborted.wait()
 
 
 def rollout_body(**overrides):
