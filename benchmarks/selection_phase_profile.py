@@ -44,31 +44,71 @@ def _stamp(stamps, i, x, STAMP: tl.constexpr):
 @triton.jit
 def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
-                        H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
-                        STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                        ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr, NSTAMP: tl.constexpr,
-                        STAMP: tl.constexpr):
+                        n_update, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                        BLOCK_P: tl.constexpr, STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr,
+                        TAIL: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr,
+                        HOIST: tl.constexpr, LM_BLOCK: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped: NSTAMP
-    stamps a program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
-    and, with ATOMIC, the zeroing of the row's bins)."""
-    r = tl.program_id(0)
+    stamps a row program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
+    and, with ATOMIC, the zeroing of the row's bins). HOIST (``TopKVariant.hoisted``): the first ``n_update`` programs
+    write the completed landmarks, unstamped; a row's reserved pages are gathered in its prologue and stored before
+    the scoring's end (its "reserved" phase then empty)."""
+    p = tl.program_id(0)
+    if HOIST:
+        if p < n_update:
+            loc = tl.load(loc_ptr + p).to(tl.int64)
+            K._page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
+        else:
+            _stamped_row(p - n_update, n_update == 0, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr,
+                         rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr,
+                         r2t_stride, stamps_ptr, H, G, D, PS, BLOCK_P, STAGES, SMALL, ROW, TAIL, ROLLED, ATOMIC, JOINT,
+                         HOIST, NSTAMP, STAMP)
+    else:
+        _stamped_row(p, True, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
+                     sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr, H, G, D,
+                     PS, BLOCK_P, STAGES, SMALL, ROW, TAIL, ROLLED, ATOMIC, JOINT, HOIST, NSTAMP, STAMP)
+
+
+@triton.jit
+def _stamped_row(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
+                 sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
+                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                 STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
+                 ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr, HOIST: tl.constexpr,
+                 NSTAMP: tl.constexpr, STAMP: tl.constexpr):
+    """``_stamped_row_kernel``'s row ``r``, as ``sparse_decode._row_program`` runs it."""
     b = r // H
     h = r % H
     stamps = stamps_ptr + r.to(tl.int64) * (2 * NSTAMP)
     _stamp(stamps, 0, r, STAMP)
-    loc = tl.load(loc_ptr + b).to(tl.int64)
-    if loc % PS == PS - 1:
-        K._head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
-    k = tl.load(k_ptr + b)
-    lo = tl.load(lo_ptr + b)
-    hi = tl.load(hi_ptr + b)
-    row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+    if HOIST:
+        lo = tl.load(lo_ptr + b)
+        hi = tl.load(hi_ptr + b)
+        row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
+        k = tl.load(k_ptr + b)
+        n = tl.load(n_ptr + b)
+        cnt = tl.load(cnt_ptr + b)
+        s = tl.load(sink_ptr + b)
+        reserved_out = out_ptr + tl.load(indptr_ptr + r)
+        if own_update:
+            K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        t, slot, m = topk.reserved_ids(row, n, cnt, s, k, 0, PS, SMALL)
+    else:
+        K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        k = tl.load(k_ptr + b)
+        lo = tl.load(lo_ptr + b)
+        hi = tl.load(hi_ptr + b)
+        row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     scores = scores_ptr + r.to(tl.int64) * pcap
     _stamp(stamps, 1, r, STAMP)
     K._score_row(q_ptr, lm_ptr, row, scores, b, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
+    if HOIST:
+        tl.store(reserved_out + t, slot * H + h, mask=m)
+        topk.write_reserved_from(row, reserved_out, n, cnt, s, k, h, SMALL, H, PS, SMALL)
     tl.debug_barrier()
     _stamp(stamps, 2, r, STAMP)
-    write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+    if not HOIST:
+        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     _stamp(stamps, 3, r, STAMP)
     out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
     bins = bins_ptr + r.to(tl.int64) * radix.BINS_PER_ROW
@@ -144,14 +184,14 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
     b, hq, d = c.q.shape
     row, tail = lanes
     v = topk.TOPK_VARIANTS[variant]
-    _stamped_row_kernel[(b * layer.h,)](
+    n_update = v.update_programs(b * layer.h, b)
+    _stamped_row_kernel[(n_update + b * layer.h,)](
         c.q, layer.lm, c.k_buf, loc, layer.scores, layer.scores.shape[1], c.req_to_token, c.rpi, f["n_pages"],
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
-        topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
+        topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, n_update, H=layer.h,
         G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
-        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, JOINT=v.joint_write, NSTAMP=STAMPS,
-        STAMP=stamp,
-        **topk.tier_launch(variant)[1])
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, JOINT=v.joint_write, HOIST=v.hoisted,
+        LM_BLOCK=triton.next_power_of_2(layer.h * d), NSTAMP=STAMPS, STAMP=stamp, **topk.tier_launch(variant)[1])
 
 
 def phase_table(stamps) -> dict:

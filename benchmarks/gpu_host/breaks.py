@@ -112,6 +112,16 @@ BREAKS = (
           "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, zero, zero)",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
+    Break("hoisted_update_programs_idle", "the programs of a fused launch that write the landmarks this step completes "
+          "write none (fused_hoisted_narrow)", KERNELS,
+          "_page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)",
+          "_page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS + 1, H * D, PS, LM_BLOCK)",
+          (f"{KERNEL_TESTS}::test_decode_scoring_updates_the_completed_page_landmark",)),
+    Break("hoisted_sink_page_unstored", "a row's reserved page ids, gathered before its scoring, stored after it "
+          "without the sink page's (fused_hoisted_narrow)", KERNELS,
+          "tl.store(out + t, slot * H + h, mask=m)", "tl.store(out + t, slot * H + h, mask=m & (t > 0))",
+          (f"{KERNEL_TESTS}::test_rows_past_2048_candidates",
+           f"{KERNEL_TESTS}::test_selection_is_select_pages_at_40k_context")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

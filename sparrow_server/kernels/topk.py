@@ -43,25 +43,27 @@ def _select_kernel(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
     else:
         mine = k >= 0  # every row
     if mine:
-        select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
-                   r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS,
-                   FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC, PART != 2, PART != 1)
+        select_row(tl.program_id(0), scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr,
+                   bins_ptr, r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS,
+                   BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC, PART != 2, PART != 1, True)
 
 
 @triton.jit
-def select_row(scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
+def select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
                r2t_stride, k, lo, hi, H: tl.constexpr, PS: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr,
                LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr, TAIL_B: tl.constexpr,
                TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr, FINE: tl.constexpr,
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
-               ROLLED: tl.constexpr, ATOMIC: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr):
-    """One row's pages: the reserved ones, then its top-k by the tiers compiled in (SHORT: SMALL and, with
-    FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED, ROLLED, ATOMIC: ``TopKVariant.exit_early``, ``.packed``,
-    ``.rolled``, ``.atomic`` (its histogram bins: ``bins_ptr``'s BINS_PER_ROW of this row)."""
-    r = tl.program_id(0)
+               ROLLED: tl.constexpr, ATOMIC: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr,
+               RESERVED: tl.constexpr):
+    """Row ``r``'s pages: the reserved ones (RESERVED, ``r`` this program's id; else written already), then its
+    top-k by the tiers compiled in (SHORT: SMALL and, with FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED,
+    ROLLED, ATOMIC: ``TopKVariant.exit_early``, ``.packed``, ``.rolled``, ``.atomic`` (its histogram bins:
+    ``bins_ptr``'s BINS_PER_ROW of this row)."""
     b = r // H
     h = r % H
-    write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+    if RESERVED:
+        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     s = tl.load(sink_ptr + b)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     out = out_ptr + tl.load(indptr_ptr + r)
@@ -98,13 +100,26 @@ def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_p
     s = tl.load(sink_ptr + b)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     out = out_ptr + tl.load(indptr_ptr + r)
-    offs = tl.arange(0, BLOCK)
-    for u0 in range(0, cnt - k, BLOCK):
-        u = u0 + offs
-        m = u < cnt - k
-        t = tl.where(u < s, u, u + k)
-        page = tl.where(u < s, u, n - (cnt - t))
-        slot = tl.load(row + page.to(tl.int64) * PS, mask=m, other=0)
+    write_reserved_from(row, out, n, cnt, s, k, h, 0, H, PS, BLOCK)
+
+
+@triton.jit
+def reserved_ids(row, n, cnt, s, k, u0, PS: tl.constexpr, BLOCK: tl.constexpr):
+    """Reserved pages ``u0`` to ``u0 + BLOCK - 1`` of a row of ``n`` pages, ``cnt`` selected, ``s`` sink, ``k`` by
+    top-k (``row``: its request's req_to_token row): (their positions in the row's index list, their first slots,
+    which of them exist)."""
+    u = u0 + tl.arange(0, BLOCK)
+    m = u < cnt - k
+    t = tl.where(u < s, u, u + k)
+    page = tl.where(u < s, u, n - (cnt - t))
+    return t, tl.load(row + page.to(tl.int64) * PS, mask=m, other=0), m
+
+
+@triton.jit
+def write_reserved_from(row, out, n, cnt, s, k, h, start, H: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
+    """``write_reserved``'s page ids from reserved page ``start`` on, BLOCK at a time."""
+    for u0 in range(start, cnt - k, BLOCK):
+        t, slot, m = reserved_ids(row, n, cnt, s, k, u0, PS, BLOCK)
         tl.store(out + t, slot * H + h, mask=m)
 
 

@@ -88,6 +88,12 @@ class TopKVariant:
     # waits for it: two latencies a row. Call 32's phase profile put the write at 2.3 us (33K x 16); call 33's: 2.17
     # jointly against 2.42 (``fused_joint_narrow``, the default since).
     joint_write: bool = False
+    # The fused row program's work off its chain of memory latencies: its plan loads issued together, its reserved
+    # pages' ids gathered before the scoring loop and stored after it, and the landmark each request's slot completes
+    # written by programs of their own, one a request ahead of the rows (``update_programs``), not by each row's
+    # program before its scoring (two latencies of the 1.35 us prologue in call 33's phase profile, and the reserved
+    # pages' 0.75 after the scoring).
+    hoisted: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -97,6 +103,7 @@ class TopKVariant:
         assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
         assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
+        assert not self.hoisted or self.fused_max_rows, "hoisted: a fused launch of at most one wave of rows"
 
     @property
     def packed_code(self) -> int:
@@ -112,6 +119,12 @@ class TopKVariant:
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
         return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
+
+    def update_programs(self, rows: int, requests: int) -> int:
+        """Programs of a fused launch over ``rows`` rows of ``requests`` requests that write the landmarks this step
+        completes (``hoisted``): one a request while they and the rows fit one wave (``fused_max_rows``), else none
+        (each row's program writes its head's, as without ``hoisted``)."""
+        return requests if self.hoisted and rows + requests <= self.fused_max_rows else 0
 
 
 _NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,
@@ -133,7 +146,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_rolled_narrow": replace(_PACKED, rolled=True),
                  "fused_atomic_narrow": replace(_PACKED, rolled=True, atomic=True),
                  "fused_topdigits_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True),
-                 "fused_joint_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True)}
+                 "fused_joint_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True),
+                 "fused_hoisted_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
+                                                 hoisted=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers

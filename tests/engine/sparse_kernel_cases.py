@@ -26,7 +26,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
-            "fused_topdigits_narrow", "fused_joint_narrow")
+            "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -276,7 +276,7 @@ def test_wide_variant_splits_only_past_its_rows(K):
 
 @pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
                                      "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
-                                     "fused_joint_narrow"])
+                                     "fused_joint_narrow", "fused_hoisted_narrow"])
 def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     """``score_and_select`` (the backend's call: for a fused variant one launch, a program per row) writes the
     scores, the landmark of the page each slot completes and the pages that ``page_scores`` then
@@ -297,6 +297,38 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     assert torch.equal(one.lm, two.lm) and not (one.lm[loc // PS] == 7.0).any()
     assert torch.equal(one.scores, two.scores) and (one.scores == OUTSIDE).any()
     assert torch.equal(one.indices, two.indices)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+
+
+@pytest.mark.parametrize("wave_rows", [None, 10])
+def test_hoisted_launch_updates_by_its_own_programs_or_the_rows(K, monkeypatch, wave_rows):
+    """``fused_hoisted_narrow`` (one launch) writes the landmark each slot completes by a program a request ahead of
+    its rows while both fit one wave, else (``wave_rows``: a wave of 10 rows, here 8 rows of 4 requests) in each row's
+    program, and its reserved pages (a dense row's 563: more than one block of them) around the scoring; the same
+    landmarks, scores and pages as ``fused_joint_narrow``'s launch either way."""
+    from dataclasses import replace
+
+    hoisted = "fused_hoisted_narrow"
+    if wave_rows:
+        monkeypatch.setitem(K.TOPK_VARIANTS, hoisted, replace(K.TOPK_VARIANTS[hoisted], fused_max_rows=wave_rows))
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300, 1025)] + [9000]
+    case = _case(lengths, seed=26, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    schedules = [fixed_budget_schedule(b) for b in (256, 30, 224)] + [dense_schedule()]
+    one = _selection(K, case, schedules, torch.float32, variant=hoisted)
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_joint_narrow")
+    rows = one.scores.shape[0]
+    assert K.TOPK_VARIANTS[hoisted].fuses(rows) and int(one.plan.count[3]) > K.SELECT_ROWS[0]
+    assert K.TOPK_VARIANTS[hoisted].update_programs(rows, len(lengths)) == (0 if wave_rows else len(lengths))
+    loc = case.req_to_token[case.rpi, case.lengths - 1].long()
+    loc[:2] = case.req_to_token[case.rpi[:2], (case.lengths[:2] // PS) * PS - 1].long()  # two complete a page
+    for sel in (one, two):
+        sel.lm[loc // PS] = 7.0
+        sel.scores.fill_(OUTSIDE)
+        sel.indices.fill_(-1)
+        sel.select(loc)
+    assert (one.lm[loc[:2] // PS] != 7.0).all() and (one.lm[loc[2:] // PS] == 7.0).all()
+    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
+    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
@@ -415,7 +447,8 @@ def test_a_request_s_scores_and_pages_are_the_same_alone_and_in_a_batch(K, varia
                                                 ("fused_rolled_narrow", 2061), ("fused_rolled_narrow", 2045),
                                                 ("fused_atomic_narrow", 2061), ("fused_atomic_narrow", 2045),
                                                 ("fused_topdigits_narrow", 2061), ("fused_topdigits_narrow", 2045),
-                                                ("fused_joint_narrow", 2061)])
+                                                ("fused_joint_narrow", 2061), ("fused_hoisted_narrow", 2061),
+                                                ("fused_hoisted_narrow", 2045)])
 def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
     """``benchmarks/selection_phase_profile.py``'s stamped kernel (its stamps off: the interpreter runs no PTX) writes
     the index buffer the product's fused launch writes, so the phases it times are the product's."""

@@ -29,7 +29,7 @@ def _compile_row_kernel(variant: str):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
                                      "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
-                                     "fused_joint_narrow"])
+                                     "fused_joint_narrow", "fused_hoisted_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     from sparrow_server.kernels import sparse_decode as K
 
@@ -56,7 +56,8 @@ def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
 
 
 @pytest.mark.timeout(300)
-def test_the_phase_profile_kernel_compiles_with_its_timer_reads():
+@pytest.mark.parametrize("hoist", [False, True])
+def test_the_phase_profile_kernel_compiles_with_its_timer_reads(hoist):
     """``selection_phase_profile.py``'s stamped row kernel (the interpreter runs it without its PTX) compiles for
     sm_90 with a cycle-counter and a global-timer read at each of its stamps, under the row kernel's register
     cap, no spill."""
@@ -65,7 +66,7 @@ def test_the_phase_profile_kernel_compiles_with_its_timer_reads():
     import selection_phase_profile as prof
 
     consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=128, STAGES=3, SMALL=512, ROW=2048, TAIL=256, ROLLED=False,
-                  ATOMIC=0, JOINT=False, NSTAMP=prof.STAMPS, STAMP=True)
+                  ATOMIC=0, JOINT=False, HOIST=hoist, LM_BLOCK=1024, NSTAMP=prof.STAMPS, STAMP=True)
     kernel = res.compile_kernel(prof._stamped_row_kernel, {**res.ROW_TYPES, "stamps_ptr": "*i64"}, consts,
                                 {"num_warps": 16, "maxnreg": 64}, 90)
     sass = res.cuobjdump(kernel, "-sass")
