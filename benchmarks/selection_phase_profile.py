@@ -44,39 +44,16 @@ def _stamp(stamps, i, x, STAMP: tl.constexpr):
 @triton.jit
 def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
                         sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
-                        n_update, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                        BLOCK_P: tl.constexpr, STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr,
-                        TAIL: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr,
-                        HOIST: tl.constexpr, LM_BLOCK: tl.constexpr, NSTAMP: tl.constexpr, STAMP: tl.constexpr):
+                        H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                        STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
+                        ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr, HOIST: tl.constexpr,
+                        NSTAMP: tl.constexpr, STAMP: tl.constexpr):
     """``_row_kernel`` (UPDATE, SELECT) for rows of at most ROW + TAIL candidates, each k > 0, stamped: NSTAMP
-    stamps a row program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
-    and, with ATOMIC, the zeroing of the row's bins). HOIST (``TopKVariant.hoisted``): the first ``n_update`` programs
-    write the completed landmarks, unstamped; a row's reserved pages are gathered in its prologue and stored before
-    the scoring's end (its "reserved" phase then empty)."""
-    p = tl.program_id(0)
-    if HOIST:
-        if p < n_update:
-            loc = tl.load(loc_ptr + p).to(tl.int64)
-            K._page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
-        else:
-            _stamped_row(p - n_update, n_update == 0, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr,
-                         rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr,
-                         r2t_stride, stamps_ptr, H, G, D, PS, BLOCK_P, STAGES, SMALL, ROW, TAIL, ROLLED, ATOMIC, JOINT,
-                         HOIST, NSTAMP, STAMP)
-    else:
-        _stamped_row(p, True, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
-                     sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr, H, G, D,
-                     PS, BLOCK_P, STAGES, SMALL, ROW, TAIL, ROLLED, ATOMIC, JOINT, HOIST, NSTAMP, STAMP)
-
-
-@triton.jit
-def _stamped_row(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
-                 sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, stamps_ptr,
-                 H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
-                 STAGES: tl.constexpr, SMALL: tl.constexpr, ROW: tl.constexpr, TAIL: tl.constexpr,
-                 ROLLED: tl.constexpr, ATOMIC: tl.constexpr, JOINT: tl.constexpr, HOIST: tl.constexpr,
-                 NSTAMP: tl.constexpr, STAMP: tl.constexpr):
-    """``_stamped_row_kernel``'s row ``r``, as ``sparse_decode._row_program`` runs it."""
+    stamps a program, the start, then each of PHASES' ends (the first round's histogram includes the keys' load
+    and, with ATOMIC, the zeroing of the row's bins). JOINT: ``TopKVariant.write_code``. HOIST
+    (``TopKVariant.hoisted``): the reserved pages gathered in the prologue and stored before the scoring's end (the
+    "reserved" phase then empty)."""
+    r = tl.program_id(0)
     b = r // H
     h = r % H
     stamps = stamps_ptr + r.to(tl.int64) * (2 * NSTAMP)
@@ -90,8 +67,7 @@ def _stamped_row(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pc
         cnt = tl.load(cnt_ptr + b)
         s = tl.load(sink_ptr + b)
         reserved_out = out_ptr + tl.load(indptr_ptr + r)
-        if own_update:
-            K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         t, slot, m = topk.reserved_ids(row, n, cnt, s, k, 0, PS, SMALL)
     else:
         K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
@@ -162,7 +138,7 @@ def _stamped_row(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pc
             else:
                 _stamp(stamps, 4 + 2 * rnd, r, STAMP)
             _stamp(stamps, 5 + 2 * rnd, r, STAMP)
-    radix.write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, JOINT)  # JOINT: .joint_write
+    radix.write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, JOINT)  # JOINT: .write_code
     _stamp(stamps, NSTAMP - 1, r, STAMP)
 
 
@@ -184,14 +160,13 @@ def stamped_launch(layer, loc, stamps, variant: str, lanes: tuple[int, int], sta
     b, hq, d = c.q.shape
     row, tail = lanes
     v = topk.TOPK_VARIANTS[variant]
-    n_update = v.update_programs(b * layer.h, b)
-    _stamped_row_kernel[(n_update + b * layer.h,)](
+    _stamped_row_kernel[(b * layer.h,)](
         c.q, layer.lm, c.k_buf, loc, layer.scores, layer.scores.shape[1], c.req_to_token, c.rpi, f["n_pages"],
         f["count"], f["sink"], f["k"], f["cand_lo"], f["cand_hi"], layer.row_indptr, layer.indices,
-        topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, n_update, H=layer.h,
+        topk.radix_bins(variant, b * layer.h, layer.indices), c.req_to_token.stride(0), stamps, H=layer.h,
         G=hq // layer.h, D=d, PS=c.page_size, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, SMALL=topk.SELECT_ROWS[0],
-        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, JOINT=v.joint_write, HOIST=v.hoisted,
-        LM_BLOCK=triton.next_power_of_2(layer.h * d), NSTAMP=STAMPS, STAMP=stamp, **topk.tier_launch(variant)[1])
+        ROW=row, TAIL=tail, ROLLED=v.rolled, ATOMIC=v.atomic_code, JOINT=v.write_code, HOIST=v.hoisted,
+        NSTAMP=STAMPS, STAMP=stamp, **topk.tier_launch(variant)[1])
 
 
 def phase_table(stamps) -> dict:

@@ -108,20 +108,20 @@ BREAKS = (
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
     Break("joint_write_second_block_unranked", "the joint write ranks a row's second register block as if no key of "
           "the first were taken (fused_joint_narrow)", RADIX,
-          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)",
-          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, zero, zero)",
+          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)\n        slot = ",
+          "take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, zero, zero)\n        slot = ",
           (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
-    Break("hoisted_update_programs_idle", "the programs of a fused launch that write the landmarks this step completes "
-          "write none (fused_hoisted_narrow)", KERNELS,
-          "_page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)",
-          "_page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS + 1, H * D, PS, LM_BLOCK)",
-          (f"{KERNEL_TESTS}::test_decode_scoring_updates_the_completed_page_landmark",)),
-    Break("hoisted_sink_page_unstored", "a row's reserved page ids, gathered before its scoring, stored after it "
+    Break("hoisted_sink_page_unstored", "a fused row's reserved page ids, gathered before its scoring, stored after it "
           "without the sink page's (fused_hoisted_narrow)", KERNELS,
           "tl.store(out + t, slot * H + h, mask=m)", "tl.store(out + t, slot * H + h, mask=m & (t > 0))",
+          (f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",)),
+    Break("hoisted_second_block_ungathered", "the write's page ids of a row's second register block, gathered before "
+          "its ranks, gathered for none of its keys (fused_hoisted_narrow)", RADIX,
+          "slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=key2 >= prefix, other=0)",
+          "slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=key2 < 0, other=0)",
           (f"{KERNEL_TESTS}::test_rows_past_2048_candidates",
-           f"{KERNEL_TESTS}::test_selection_is_select_pages_at_40k_context")),
+           f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

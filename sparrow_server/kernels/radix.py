@@ -171,12 +171,23 @@ def write_taken_packed(key, j, prefix, need, n_eq, n_taken, row, out, h, H: tl.c
 @triton.jit
 def write_row_packed(key, j, key2, j2, prefix, need, row, out, h, H: tl.constexpr, PS: tl.constexpr,
                      TAIL: tl.constexpr, JOINT: tl.constexpr):
-    """``write_taken_packed`` of a row's register block and (TAIL) its second block: block by block, or (JOINT) both
-    ranked before either gathers its page ids. Each block's gather from ``req_to_token`` is a memory latency before
-    its store can issue; block by block, a warp waiting on the first block's held every warp at the second block's
-    scan (one latency a block, not one a row)."""
+    """``write_taken_packed`` of a row's register block and (TAIL) its second block: block by block (JOINT 0), both
+    ranked before either gathers its page ids (1), or (2) each block's ids gathered for every key at or above
+    ``prefix`` (the taken ones and any equal ones past ``need``) before the ranks are scanned. Each block's gather
+    from ``req_to_token`` is a memory latency before its store can issue; block by block, a warp waiting on the
+    first block's held every warp at the second block's scan (one latency a block, not one a row); gathered first,
+    the latency runs under the scans."""
     zero = tl.zeros([], tl.int32)
-    if JOINT and (TAIL > 0):
+    if JOINT == 2:
+        slot = tl.load(row + j.to(tl.int64) * PS, mask=key >= prefix, other=0)
+        if TAIL > 0:
+            slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=key2 >= prefix, other=0)
+        take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, zero, zero)
+        tl.store(out + rank, slot * H + h, mask=take)
+        if TAIL > 0:
+            take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)
+            tl.store(out + rank2, slot2 * H + h, mask=take2)
+    elif JOINT and (TAIL > 0):
         take, rank, n_eq, n_taken = taken_ranks_packed(key, prefix, need, zero, zero)
         take2, rank2, n_eq, n_taken = taken_ranks_packed(key2, prefix, need, n_eq, n_taken)
         slot = tl.load(row + j.to(tl.int64) * PS, mask=take, other=0)

@@ -209,48 +209,21 @@ def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl
 
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
-                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, n_update, H: tl.constexpr,
-                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, LM_BLOCK: tl.constexpr,
-                SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
-                TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr,
-                BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr,
-                EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
-    """The first ``n_update`` programs (``TopKVariant.update_programs``: one a request, or none) write the landmark
-    of the page each request's slot completes (UPDATE); each program after them one (request, KV head) row: its
-    head of that landmark where no such programs run (UPDATE), its scores, then (SELECT) its top-k and index write
-    on those scores, after a barrier that makes every thread's score stores visible to the block. HOIST
-    (``TopKVariant.hoisted``): the row's plan loads first, its reserved pages gathered before the scoring."""
-    p = tl.program_id(0)
-    if HOIST:
-        if p < n_update:
-            loc = tl.load(loc_ptr + p).to(tl.int64)
-            _page_mean(kbuf_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
-        else:
-            _row_program(p - n_update, n_update == 0, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr,
-                         rpi_ptr, n_ptr, cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr,
-                         r2t_stride, H, G, D, PS, BLOCK_P, STAGES, UPDATE, SELECT, HOIST, SMALL, MEDIUM, LARGE, CHUNK,
-                         TAIL_A, TAIL_B, TAIL_C, TAILS, BITS, FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC)
-    else:  # n_update is 0
-        _row_program(p, True, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr,
-                     sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, H, G, D, PS, BLOCK_P,
-                     STAGES, UPDATE, SELECT, HOIST, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS,
-                     FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC)
-
-
-@triton.jit
-def _row_program(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr,
-                 cnt_ptr, sink_ptr, k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, H: tl.constexpr,
-                 G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                 UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, SMALL: tl.constexpr,
-                 MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                 TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
-                 FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                 PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
-    """``_row_kernel``'s row ``r`` (``own_update``: it writes its head of the completed landmark)."""
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
+                D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
+                UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, SMALL: tl.constexpr,
+                MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
+                TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
+                FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
+                PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
+    """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
+    scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
+    thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
+    reserved pages' ids gathered before the scoring and stored after it."""
+    r = tl.program_id(0)
     b = r // H
     h = r % H
-    if HOIST:  # every plan load first, in flight together; the reserved pages' ids on their way during the scoring
+    if HOIST:  # the plan loads in flight together; the reserved pages' ids on their way during the scoring
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
@@ -261,8 +234,7 @@ def _row_program(r, own_update, q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pc
             s = tl.load(sink_ptr + b)
             out = out_ptr + tl.load(indptr_ptr + r)
         if UPDATE:
-            if own_update:
-                _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+            _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         if SELECT:
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
@@ -301,17 +273,15 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
-    v = TOPK_VARIANTS[resolve_variant(variant)]
-    n_update = v.update_programs(b * h, b) if k_buf is not None else 0
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     bins = radix_bins(variant, b * h, out) if select else cand_lo
-    _row_kernel[(n_update + b * h,)](
+    _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, bins, req_to_token.stride(0), n_update, H=h, G=hq // h, D=d, PS=page_size,
-        BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None, HOIST=v.hoisted,
-        LM_BLOCK=triton.next_power_of_2(h * d), **consts, **options)
+        cand_hi, row_indptr, out, bins, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
+        STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None,
+        HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,

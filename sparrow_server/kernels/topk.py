@@ -171,7 +171,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
     per round: 2 (16 rounds of lanes x 4 compares, one reduction each: few registers) or 8 (4
     rounds of a 256-bin histogram of the keys still in the running; EXIT: none after a round whose bucket
     holds exactly the keys still needed; PACKED: each round and each block's write in fewer block-wide steps (2:
-    and with TAIL, both blocks ranked before either gathers, ``TopKVariant.joint_write``);
+    and with TAIL, both blocks ranked before either gathers, ``TopKVariant.joint_write``; 3: that with the gathers
+    before the ranks, ``TopKVariant.hoisted``);
     ATOMIC: ``TopKVariant.atomic``'s histograms, into ``bins``)."""
     if ATOMIC:  # the rounds' bins zeroed, every thread's zeros stored before any atomic
         zero_bins(bins)
@@ -225,8 +226,8 @@ def _topk_in_registers(scores, lo, hi, k, row, out, bins, h, H: tl.constexpr, PS
                 prefix, n_gt = radix_round(counts, k, prefix, shift, 1 << BITS)
     # k - n_gt keys from ``prefix`` on: the k-th key and the earliest of its equals, or (an early exit) the whole
     # bucket, every key of it from its lower edge ``prefix`` up (at least those equal to it, so no tie is cut)
-    if PACKED:  # 2: TopKVariant.joint_write
-        write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, PACKED == 2)
+    if PACKED:  # 2: TopKVariant.joint_write, 3: .hoisted (TopKVariant.write_code)
+        write_row_packed(key, j, key2, j2, prefix, k - n_gt, row, out, h, H, PS, TAIL, PACKED - 1)
     else:
         zero = tl.zeros([], tl.int32)
         n_eq, n_taken = write_taken(key, j, prefix, k - n_gt, zero, zero, row, out, h, H, PS)

@@ -88,11 +88,12 @@ class TopKVariant:
     # waits for it: two latencies a row. Call 32's phase profile put the write at 2.3 us (33K x 16); call 33's: 2.17
     # jointly against 2.42 (``fused_joint_narrow``, the default since).
     joint_write: bool = False
-    # The fused row program's work off its chain of memory latencies: its plan loads issued together, its reserved
-    # pages' ids gathered before the scoring loop and stored after it, and the landmark each request's slot completes
-    # written by programs of their own, one a request ahead of the rows (``update_programs``), not by each row's
-    # program before its scoring (two latencies of the 1.35 us prologue in call 33's phase profile, and the reserved
-    # pages' 0.75 after the scoring).
+    # With ``joint_write``, a fused row program's loads ahead of where it waits on them: its plan loads issued together,
+    # its reserved pages' ids gathered before the scoring loop and stored after it (call 33's phase profile at 33K x 16:
+    # 0.75 us of reserved pages after the scoring), and the write's page ids gathered for every key at or above the
+    # k-th's bucket before the ranks are scanned (``radix.write_row_packed``). Programs of their own, one a request,
+    # for the landmarks a step completes (the rows' prologue 1.45 -> 0.95 us) made batch 16's launch 10-12 us longer
+    # (call 34: 144 programs on 132 SMs, so some SMs ran two rows); the row's own program writes its head of them.
     hoisted: bool = False
 
     def __post_init__(self):
@@ -103,12 +104,19 @@ class TopKVariant:
         assert not self.atomic or self.rolled, "the atomic histograms are the rolled rounds'"
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
         assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
-        assert not self.hoisted or self.fused_max_rows, "hoisted: a fused launch of at most one wave of rows"
+        assert not self.hoisted or self.joint_write, "hoisted: the joint write's gathers ahead of its ranks"
 
     @property
     def packed_code(self) -> int:
-        """The kernels' PACKED: 0 the plain steps; 1 the packed ones; 2 those with the joint write (``joint_write``)."""
-        return 2 if self.joint_write else int(self.packed)
+        """The kernels' PACKED: 0 the plain steps; 1 the packed ones; 2 those with the joint write (``joint_write``);
+        3 that with its gathers ahead of its ranks (``hoisted``). ``write_code`` is PACKED - 1 where PACKED."""
+        return 3 if self.hoisted else 2 if self.joint_write else int(self.packed)
+
+    @property
+    def write_code(self) -> int:
+        """``radix.write_row_packed``'s JOINT: 0 block by block; 1 both blocks ranked before either gathers
+        (``joint_write``); 2 that with the gathers before the ranks (``hoisted``)."""
+        return max(self.packed_code - 1, 0)
 
     @property
     def atomic_code(self) -> int:
@@ -119,12 +127,6 @@ class TopKVariant:
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
         return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
-
-    def update_programs(self, rows: int, requests: int) -> int:
-        """Programs of a fused launch over ``rows`` rows of ``requests`` requests that write the landmarks this step
-        completes (``hoisted``): one a request while they and the rows fit one wave (``fused_max_rows``), else none
-        (each row's program writes its head's, as without ``hoisted``)."""
-        return requests if self.hoisted and rows + requests <= self.fused_max_rows else 0
 
 
 _NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,

@@ -300,25 +300,17 @@ def test_one_call_scores_selects_and_updates_as_two_do(K, variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-@pytest.mark.parametrize("wave_rows", [None, 10])
-def test_hoisted_launch_updates_by_its_own_programs_or_the_rows(K, monkeypatch, wave_rows):
-    """``fused_hoisted_narrow`` (one launch) writes the landmark each slot completes by a program a request ahead of
-    its rows while both fit one wave, else (``wave_rows``: a wave of 10 rows, here 8 rows of 4 requests) in each row's
-    program, and its reserved pages (a dense row's 563: more than one block of them) around the scoring; the same
-    landmarks, scores and pages as ``fused_joint_narrow``'s launch either way."""
-    from dataclasses import replace
-
-    hoisted = "fused_hoisted_narrow"
-    if wave_rows:
-        monkeypatch.setitem(K.TOPK_VARIANTS, hoisted, replace(K.TOPK_VARIANTS[hoisted], fused_max_rows=wave_rows))
+def test_hoisted_launch_writes_what_the_joint_one_does(K):
+    """``fused_hoisted_narrow``'s one launch (its plan loads first, its reserved pages, a dense row's 563 among them:
+    more than one block, gathered before the scoring and stored after it, its write's page ids gathered before its
+    ranks) writes the landmarks, scores and pages ``fused_joint_narrow``'s launch writes, on rows of one and of two
+    register blocks."""
     lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300, 1025)] + [9000]
     case = _case(lengths, seed=26, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
     schedules = [fixed_budget_schedule(b) for b in (256, 30, 224)] + [dense_schedule()]
-    one = _selection(K, case, schedules, torch.float32, variant=hoisted)
+    one = _selection(K, case, schedules, torch.float32, variant="fused_hoisted_narrow")
     two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_joint_narrow")
-    rows = one.scores.shape[0]
-    assert K.TOPK_VARIANTS[hoisted].fuses(rows) and int(one.plan.count[3]) > K.SELECT_ROWS[0]
-    assert K.TOPK_VARIANTS[hoisted].update_programs(rows, len(lengths)) == (0 if wave_rows else len(lengths))
+    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) and int(one.plan.count[3]) > K.SELECT_ROWS[0]
     loc = case.req_to_token[case.rpi, case.lengths - 1].long()
     loc[:2] = case.req_to_token[case.rpi[:2], (case.lengths[:2] // PS) * PS - 1].long()  # two complete a page
     for sel in (one, two):

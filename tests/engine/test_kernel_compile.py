@@ -66,7 +66,7 @@ def test_the_phase_profile_kernel_compiles_with_its_timer_reads(hoist):
     import selection_phase_profile as prof
 
     consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=128, STAGES=3, SMALL=512, ROW=2048, TAIL=256, ROLLED=False,
-                  ATOMIC=0, JOINT=False, HOIST=hoist, LM_BLOCK=1024, NSTAMP=prof.STAMPS, STAMP=True)
+                  ATOMIC=0, JOINT=2 if hoist else 0, HOIST=hoist, NSTAMP=prof.STAMPS, STAMP=True)
     kernel = res.compile_kernel(prof._stamped_row_kernel, {**res.ROW_TYPES, "stamps_ptr": "*i64"}, consts,
                                 {"num_warps": 16, "maxnreg": 64}, 90)
     sass = res.cuobjdump(kernel, "-sass")
