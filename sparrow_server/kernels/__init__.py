@@ -45,4 +45,8 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # ``fused_atomic_narrow`` (summed over six contexts at batch 16: 201.2 vs 202.0 vs 208.2 us), less selection than
 # ``fused_atomic_narrow`` in every case (33K x 16: 32.9 vs 34.1; batch 34: 67.2-69.7 vs 69.4-72.9; batch 64: 60.2-67.3
 # vs 61.8-67.9); its index write 2.17 vs 2.42 us in the phase profile at 33K x 16.
-DEFAULT_SELECT_VARIANT = "fused_joint_narrow"
+# ``fused_hoisted_narrow`` (call 34, H200, benchmarks/results/speed/call34/): picked over ``fused_joint_narrow`` on
+# both cards of one host (summed over six contexts at batch 16: 196.6 vs 203.1 and 196.6 vs 200.7 us; 33K x 16: 32.1 vs
+# 33.3 and 32.0 vs 32.8; batch 32: 52.7-56.0 vs 54.0-57.5) and less in every batch-16 case on another (32.0 vs 33.7 at
+# 33K); in its phase profile the reserved pages 0.03 vs 0.76 us after the scoring, the write 1.85 vs 2.21.
+DEFAULT_SELECT_VARIANT = "fused_hoisted_narrow"
