@@ -93,7 +93,10 @@ class TopKVariant:
     # 0.75 us of reserved pages after the scoring), and the write's page ids gathered for every key at or above the
     # k-th's bucket before the ranks are scanned (``radix.write_row_packed``). Programs of their own, one a request,
     # for the landmarks a step completes (the rows' prologue 1.45 -> 0.95 us) made batch 16's launch 10-12 us longer
-    # (call 34: 144 programs on 132 SMs, so some SMs ran two rows); the row's own program writes its head of them.
+    # (call 34: 144 programs on 132 SMs, so some SMs held two rows); the row's own program writes its head of them.
+    # Call 34's phase profile (33K x 16): reserved pages 0.03 against 0.76 us, the write 1.85 against 2.21, a program
+    # 28.9 against 30.5; its benches: 196.6 against 203.1 and 200.7 us summed over batch 16's six contexts (one host's
+    # two cards), 1.3-1.5 us less at batch 32 (``fused_hoisted_narrow``, the default since).
     hoisted: bool = False
 
     def __post_init__(self):
@@ -201,7 +204,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # every round by atomics, or the first round's atomics spread over 4, 8 or 16 copies of its bins: slower than it in
 # every case of call 32's benches (``benchmarks/results/speed/call32/``). ``fused_topdigits_narrow``: that whose first
 # round counts each key's distance in digits below the row's highest key (TopKVariant.top_digits);
-# ``fused_joint_narrow``: that whose rows of two register blocks rank both before either gathers (.joint_write).
+# ``fused_joint_narrow``: that whose rows of two register blocks rank both before either gathers (.joint_write);
+# ``fused_hoisted_narrow``: that whose row program asks for its loads ahead of where it waits on them (.hoisted).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
