@@ -27,7 +27,8 @@ SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64",
                    lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
 ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
-                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32")
+                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
+                 q_stride="i32", qout_ptr="*bf16")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     bins_ptr="*i32", r2t_stride="i32")
@@ -46,8 +47,9 @@ def compile_kernel(fn, types: dict, consts: dict, options: dict, arch: int):
 def row_kernel_launch(variant: str) -> tuple[dict, dict]:
     """A fused variant's row kernel as the server launches it at Qwen3-1.7B shapes: (constants, options)."""
     consts, options = topk.tier_launch(variant)
+    v = topk.TOPK_VARIANTS[variant]
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
-                HOIST=topk.TOPK_VARIANTS[variant].hoisted, **consts), options
+                HOIST=v.hoisted, COPY_Q=v.copies_query, **consts), options
 
 
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:

@@ -77,7 +77,8 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
         row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     scores = scores_ptr + r.to(tl.int64) * pcap
     _stamp(stamps, 1, r, STAMP)
-    K._score_row(q_ptr, lm_ptr, row, scores, b, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
+    K._score_row(K._group_query_sum(q_ptr, b, h, H, G, D), lm_ptr, row, scores, h, lo, hi, H, G, D, PS, BLOCK_P,
+                 STAGES)
     if HOIST:
         tl.store(reserved_out + t, slot * H + h, mask=m)
         topk.write_reserved_from(row, reserved_out, n, cnt, s, k, h, SMALL, H, PS, SMALL)

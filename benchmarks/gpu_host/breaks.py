@@ -122,6 +122,11 @@ BREAKS = (
           "slot2 = tl.load(row + j2.to(tl.int64) * PS, mask=key2 < 0, other=0)",
           (f"{KERNEL_TESTS}::test_rows_past_2048_candidates",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
+    Break("query_copy_one_head", "the fused launch's copy of the query stores every head of a KV head's group into "
+          "the group's first slot (fused_qcopy_narrow)", KERNELS,
+          "tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)",
+          "tl.store(qout_ptr + (b * H * G + h * G) * D + d, x)",
+          (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

@@ -194,12 +194,25 @@ def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+def _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """``_group_query_sum`` of a query whose tokens lie ``q_stride`` elements apart (SGLang's q: a slice of the
+    fused QKV output), each of the group's heads also stored into the contiguous ``qout_ptr`` ([B, H * G, D]), the
+    query FlashInfer's decode then reads."""
+    d = tl.arange(0, D)
+    qs = tl.zeros([D], dtype=tl.float32)
+    for g in tl.static_range(G):
+        x = tl.load(q_ptr + b.to(tl.int64) * q_stride + (h * G + g) * D + d)
+        tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)
+        qs += x.to(tl.float32)
+    return qs
+
+
+@triton.jit
+def _score_row(qs, lm_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr):
-    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s. The
-    loop is software-pipelined (STAGES): the page ids and landmarks of the next tiles copy asynchronously
-    into shared memory while this tile is reduced."""
-    qs = _group_query_sum(q_ptr, b, h, H, G, D)
+    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s, against
+    its group's query sum ``qs``. The loop is software-pipelined (STAGES): the page ids and landmarks of the next
+    tiles copy asynchronously into shared memory while this tile is reduced."""
     offs = tl.arange(0, BLOCK_P)
     for start in tl.range(lo, hi, BLOCK_P, num_stages=STAGES):
         j = start + offs
@@ -209,9 +222,10 @@ def _score_row(q_ptr, lm_ptr, row_r2t, out, b, h, lo, hi, H: tl.constexpr, G: tl
 
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
-                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, H: tl.constexpr, G: tl.constexpr,
-                D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, SMALL: tl.constexpr,
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, H: tl.constexpr,
+                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
+                UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr,
+                SMALL: tl.constexpr,
                 MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                 TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                 FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
@@ -219,7 +233,8 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
-    reserved pages' ids gathered before the scoring and stored after it."""
+    reserved pages' ids gathered before the scoring and stored after it. COPY_Q: the query read ``q_stride``
+    elements a token apart and its row's heads copied into ``qout_ptr`` (contiguous), else read contiguous."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -243,8 +258,11 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    _score_row(q_ptr, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, b, h, lo, hi, H, G, D, PS, BLOCK_P,
-               STAGES)
+    if COPY_Q:
+        qs = _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
+    else:
+        qs = _group_query_sum(q_ptr, b, h, H, G, D)
+    _score_row(qs, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
     if SELECT:
         if HOIST:
             tl.store(out + t, slot * H + h, mask=m)
@@ -267,9 +285,10 @@ def _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexp
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
-                select: tuple | None = None) -> None:
+                select: tuple | None = None, q_out: Tensor | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
-    buffer) the selection too. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
+    buffer) the selection too; with ``q_out``, ``q`` copied into it. Arguments a launch does not read are passed as
+    ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
@@ -279,27 +298,39 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, bins, req_to_token.stride(0), H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P,
-        STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None,
-        HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, **consts, **options)
+        cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, H=h,
+        G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None,
+        SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, COPY_Q=q_out is not None,
+        **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
                      row_indptr: Tensor, page_size: int, scores: Tensor, out: Tensor, k_buf: Tensor | None = None,
-                     cache_loc: Tensor | None = None, variant: str | None = None) -> None:
+                     cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
-    Same scores, pages and landmark update either way."""
+    Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
+    apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention)."""
     variant = resolve_variant(variant)
     f = fields
+    if q_out is not None:
+        assert copies_query(variant, q.shape[0] * landmarks.shape[1]), "the query copy is a fused launch's"
+        assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and q_out.is_contiguous() and q_out.shape == q.shape
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out))
+                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out)
         return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
                 cache_loc, variant)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
+
+
+def copies_query(variant: str | None, rows: int) -> bool:
+    """Whether ``score_and_select`` over ``rows`` rows takes a query strided per token and copies it contiguous
+    (``TopKVariant.copies_query``, in its fused launch): the backend then needs no copy kernel of its own."""
+    v = TOPK_VARIANTS[resolve_variant(variant)]
+    return v.copies_query and v.fuses(rows)
 
 
 def score_programs(pcap: int, variant: str | None = None) -> int:

@@ -26,7 +26,7 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
-            "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow")
+            "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -319,6 +319,35 @@ def test_hoisted_launch_writes_what_the_joint_one_does(K):
         sel.indices.fill_(-1)
         sel.select(loc)
     assert (one.lm[loc[:2] // PS] != 7.0).all() and (one.lm[loc[2:] // PS] == 7.0).all()
+    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
+    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+
+
+def test_query_copy_reads_a_strided_query_and_copies_it(K):
+    """``fused_qcopy_narrow`` given the query as SGLang's decode has it (each token's heads a slice of a wider QKV
+    row) and ``q_out``: the same landmarks, scores and pages as ``fused_hoisted_narrow`` on the contiguous query, and
+    ``q_out`` that query exactly (every head of every request, a dense row's too)."""
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
+    case = _case(lengths, seed=27, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
+    one = _selection(K, case, schedules, torch.float32, variant="fused_qcopy_narrow")
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_hoisted_narrow")
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: q the first hq * d of each row
+    qkv[:, :hq * d] = case.q.reshape(b, -1)
+    strided = qkv[:, :hq * d].view(b, hq, d)
+    assert not strided.is_contiguous() and K.copies_query("fused_qcopy_narrow", one.scores.shape[0])
+    assert not K.copies_query("fused_hoisted_narrow", one.scores.shape[0])
+    q_out = torch.full_like(case.q, OUTSIDE)
+    loc = case.req_to_token[case.rpi, (case.lengths // PS) * PS - 1].long()  # each completes a page
+    f = one.fields
+    for sel, q, copy in ((one, strided, q_out), (two, case.q, None)):
+        sel.scores.fill_(OUTSIDE)
+        sel.indices.fill_(-1)
+        K.score_and_select(q, sel.lm, case.req_to_token, case.rpi, f, sel.row_indptr, PS, sel.scores, sel.indices,
+                           k_buf=case.k_buf, cache_loc=loc, variant=sel.variant, q_out=copy)
+    assert torch.equal(q_out, case.q)
     assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
     assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)

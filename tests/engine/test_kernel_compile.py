@@ -29,7 +29,7 @@ def _compile_row_kernel(variant: str):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
                                      "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
-                                     "fused_joint_narrow", "fused_hoisted_narrow"])
+                                     "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     from sparrow_server.kernels import sparse_decode as K
 

@@ -188,6 +188,39 @@ def test_one_launch_scores_selects_and_updates_as_two_do(variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
+def test_query_copy_takes_the_strided_query_and_attends_the_same():
+    """``fused_qcopy_narrow`` given the query as SGLang's decode has it (a slice of each token's fused QKV row) and
+    ``q_out``: the landmarks, scores and pages ``fused_hoisted_narrow`` writes from the contiguous query, ``q_out`` that
+    query exactly, and so FlashInfer's decode on it the same output."""
+    from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
+
+    lengths = [33000, 16500, 700, 24500, 2100, 9000]
+    case = make_case(lengths, seed=41)
+    schedules = [fixed_budget_schedule(b) for b in (256, 100, 30, 200)] + [dense_schedule(), fixed_budget_schedule(64)]
+    plan = plan_for(case, schedules, topk_cap_pages=256)
+    lm = _landmarks(case, torch.bfloat16)
+    one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_qcopy_narrow")
+    two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_hoisted_narrow")
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 8) * d, device="cuda").to(case.q.dtype)  # q the first hq * d of each row
+    qkv[:, :hq * d] = case.q.reshape(b, -1)
+    strided = qkv[:, :hq * d].view(b, hq, d)
+    assert not strided.is_contiguous() and K.copies_query("fused_qcopy_narrow", one.scores.shape[0])
+    q_out = torch.full_like(case.q, -123.25)
+    n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
+    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()
+    for layer, q, copy in ((one, strided, q_out), (two, case.q, None)):
+        K.score_and_select(q, layer.lm, case.req_to_token, case.rpi, layer.fields, layer.row_indptr, PS, layer.scores,
+                           layer.indices, k_buf=case.k_buf, cache_loc=loc, variant=layer.variant, q_out=copy)
+    assert torch.equal(q_out, case.q)
+    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
+    assert torch.equal(one.indices, two.indices)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+    got = one.wrapper.run(q_out.view(-1, one.g, d), one.kv)
+    assert torch.equal(got, two.wrapper.run(case.q.view(-1, two.g, d), two.kv))
+
+
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""

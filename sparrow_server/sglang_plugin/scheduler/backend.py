@@ -247,18 +247,22 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
                                *self._kv_write_scales(layer))
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
-        q3 = q.contiguous().view(-1, layer.tp_q_head_num, layer.head_dim)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)  # a view of the QKV output where it can be
+        # the selection's launch copies the query contiguous for the attention where its variant can (no copy kernel)
+        copy = not q3.is_contiguous() and K.copies_query(self.select_variant, q3.shape[0] * self.num_kv_heads)
+        q_att = torch.empty(q3.shape, dtype=q3.dtype, device=q3.device) if copy else q3.contiguous()
         rpi = forward_batch.req_pool_indices
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
-        K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
-                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant)
+        K.score_and_select(q3 if copy else q_att, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size,
+                           step.scores, step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant,
+                           q_out=q_att if copy else None)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
                                            step.real_bs)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
-        o = decode.wrapper.forward(q3.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
+        o = decode.wrapper.forward(q_att.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
                                  logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
                                  v_scale=layer.v_scale_float)
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
