@@ -85,7 +85,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
     tl.debug_barrier()
     _stamp(stamps, 2, r, STAMP)
     if not HOIST:
-        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+        write_reserved(r, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     _stamp(stamps, 3, r, STAMP)
     out = out_ptr + tl.load(indptr_ptr + r) + tl.load(sink_ptr + b)
     bins = bins_ptr + r.to(tl.int64) * radix.BINS_PER_ROW

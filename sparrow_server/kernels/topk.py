@@ -56,14 +56,14 @@ def select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, 
                FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr, PACKED: tl.constexpr,
                ROLLED: tl.constexpr, ATOMIC: tl.constexpr, SHORT: tl.constexpr, LONG: tl.constexpr,
                RESERVED: tl.constexpr):
-    """Row ``r``'s pages: the reserved ones (RESERVED, ``r`` this program's id; else written already), then its
+    """Row ``r``'s pages: the reserved ones (RESERVED; else written already), then its
     top-k by the tiers compiled in (SHORT: SMALL and, with FINE, FINE's; LONG: MEDIUM and past); EXIT, PACKED,
     ROLLED, ATOMIC: ``TopKVariant.exit_early``, ``.packed``, ``.rolled``, ``.atomic`` (its histogram bins:
     ``bins_ptr``'s BINS_PER_ROW of this row)."""
     b = r // H
     h = r % H
     if RESERVED:
-        write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
+        write_reserved(r, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H, PS, SMALL)
     s = tl.load(sink_ptr + b)
     row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     out = out_ptr + tl.load(indptr_ptr + r)
@@ -88,11 +88,10 @@ def select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, 
 
 
 @triton.jit
-def write_reserved(r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H: tl.constexpr,
+def write_reserved(r, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, r2t_stride, k, H: tl.constexpr,
                    PS: tl.constexpr, BLOCK: tl.constexpr):
-    """The page ids of this program's row's reserved pages: sink pages first, recent pages last (current page
+    """The page ids of row ``r``'s reserved pages: sink pages first, recent pages last (current page
     last); a dense row (k 0) is all sink. The top-k's ``k`` slots between them are the top-k's to write."""
-    r = tl.program_id(0)
     b = r // H
     h = r % H
     cnt = tl.load(cnt_ptr + b)

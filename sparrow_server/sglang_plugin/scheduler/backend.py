@@ -247,21 +247,25 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
                                *self._kv_write_scales(layer))
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
-        q3 = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)  # a view of the QKV output where it can be
-        # the selection's launch copies the query contiguous for the attention where its variant can (no copy kernel)
-        copy = not q3.is_contiguous() and K.copies_query(self.select_variant, q3.shape[0] * self.num_kv_heads)
-        q_att = torch.empty(q3.shape, dtype=q3.dtype, device=q3.device) if copy else q3.contiguous()
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)  # SGLang's q: a slice of the QKV output, strided
+        # the attention reads a contiguous query: the selection's launch writes it where its variant copies the
+        # query (no copy kernel of its own), else q.contiguous()
+        q_out = None
+        if not q3.is_contiguous() and K.copies_query(self.select_variant, q3.shape[0] * self.num_kv_heads):
+            q_out = torch.empty(q3.shape, dtype=q3.dtype, device=q3.device)
+        else:
+            q3 = q3.contiguous()
         rpi = forward_batch.req_pool_indices
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
-        K.score_and_select(q3 if copy else q_att, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size,
-                           step.scores, step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant,
-                           q_out=q_att if copy else None)
+        K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
+                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant, q_out=q_out)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
                                            step.real_bs)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
+        q_att = q3 if q_out is None else q_out
         o = decode.wrapper.forward(q_att.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
                                  logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
                                  v_scale=layer.v_scale_float)
