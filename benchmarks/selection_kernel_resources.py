@@ -24,7 +24,8 @@ from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.kernels import topk
 
 SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
-                   lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32")
+                   lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32", q_stride="i32",
+                   qout_ptr="*bf16")
 ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
                  lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
@@ -50,6 +51,15 @@ def row_kernel_launch(variant: str) -> tuple[dict, dict]:
     v = topk.TOPK_VARIANTS[variant]
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
                 HOIST=v.hoisted, COPY_Q=v.copies_query, **consts), options
+
+
+def score_kernel_launch(variant: str, pcap: int) -> tuple[dict, dict]:
+    """A variant's split scoring kernel as the server launches it at Qwen3-1.7B shapes (a server of ``pcap`` pages):
+    (constants, options)."""
+    even = variant != "v1"
+    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.SCORE_BLOCK_P, NPROG=K.score_programs(pcap, variant), EVEN=even,
+                  UPDATE=True, LM_BLOCK=1024, COPY_Q=topk.TOPK_VARIANTS[variant].copies_query)
+    return consts, {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
 
 
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
@@ -121,11 +131,8 @@ def main() -> None:
         print_tiers(a.arch)
         return
     for v in K.SELECT_VARIANTS:
-        even = v != "v1"
         nprog = K.score_programs(a.pcap, v)
-        consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.SCORE_BLOCK_P, NPROG=nprog, EVEN=even, UPDATE=True,
-                      LM_BLOCK=1024)
-        opts = {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
+        consts, opts = score_kernel_launch(v, a.pcap)
         line = resources(K._score_kernel, SCORE_TYPES, consts, opts, a.arch)
         print(f"score  {v:5} ({nprog} programs/request): {line}")
         launches = K.select_launches(v)

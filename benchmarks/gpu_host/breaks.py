@@ -127,6 +127,11 @@ BREAKS = (
           "tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)",
           "tl.store(qout_ptr + (b * H * G + h * G) * D + d, x)",
           (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
+    Break("query_copy_split_one_head", "the split scoring's copy of the query stores every head of a request into its "
+          "first slot (fused_qcopy_narrow past its fused rows)", KERNELS,
+          "tl.store(qout_row + i * D + d, tl.load(q_row + i * D + d))",
+          "tl.store(qout_row + d, tl.load(q_row + i * D + d))",
+          (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

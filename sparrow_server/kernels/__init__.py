@@ -20,9 +20,9 @@
 # the live keys by global atomics (TopKVariant.atomic); ``fused_topdigits_narrow`` that whose first round counts
 # against the top digits, no histogram (TopKVariant.top_digits); ``fused_joint_narrow`` that whose rows of two register
 # blocks rank both before either gathers its page ids (TopKVariant.joint_write); ``fused_hoisted_narrow`` that whose row
-# programs issue their loads ahead of the scoring and leave the landmark update to programs of its own
-# (TopKVariant.hoisted); ``fused_qcopy_narrow`` that which takes the query strided per token and copies it contiguous
-# for the attention (TopKVariant.copies_query).
+# programs issue their plan loads and reserved pages' gathers ahead of the scoring (TopKVariant.hoisted);
+# ``fused_qcopy_narrow`` that which takes the query strided per token and copies it contiguous for the attention, in
+# either launch path (TopKVariant.copies_query).
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
                    "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",

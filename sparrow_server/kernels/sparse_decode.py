@@ -85,16 +85,17 @@ def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: 
 
 
 @triton.jit
-def _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, end, H: tl.constexpr,
+def _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, end, H: tl.constexpr,
                 G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Scores of candidate pages ``[start, min(start + BLOCK_P, end))`` of request ``b``, every KV head."""
+    """Scores of candidate pages ``[start, min(start + BLOCK_P, end))`` of request ``b`` (its query heads at
+    ``q_row``), every KV head."""
     d = tl.arange(0, D)
     j = start + tl.arange(0, BLOCK_P)
     cand = j < end
     slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
     page = slot // PS
     for h in tl.static_range(H):
-        qs = _group_query_sum(q_ptr, b, h, H, G, D)
+        qs = _group_query_sum(q_row, 0, h, H, G, D)
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
         tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, _landmark_scores(lm, qs, G), mask=cand)
 
@@ -120,10 +121,17 @@ def _landmark_scores(lm, qs, G: tl.constexpr):
 
 @triton.jit
 def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
-                  H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
-                  NPROG: tl.constexpr, EVEN: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr):
+                  q_stride, qout_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                  BLOCK_P: tl.constexpr, NPROG: tl.constexpr, EVEN: tl.constexpr, UPDATE: tl.constexpr,
+                  LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr):
+    """Programs (b, p): request ``b``'s query heads read ``q_stride`` elements a token apart; COPY_Q: program
+    (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``)."""
     b = tl.program_id(0)
     p = tl.program_id(1)
+    q_row = q_ptr + b.to(tl.int64) * q_stride
+    if COPY_Q:
+        if p == 0:
+            _copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
     if UPDATE:
         # This step's token completes a page: its landmark, before it can become a candidate
         # (the partial page is always a recent page, never scored). The split grid gives it to the
@@ -139,15 +147,15 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
     if EVEN:
-        _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
+        _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
                          H, G, D, PS, BLOCK_P, NPROG)
     else:
         for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
-            _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, hi, H, G, D, PS, BLOCK_P)
+            _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, hi, H, G, D, PS, BLOCK_P)
 
 
 @triton.jit
-def _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi, H: tl.constexpr,
+def _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi, H: tl.constexpr,
                      G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
                      NPROG: tl.constexpr):
     """Program ``p``'s share of the row: the row's ``n`` candidates go to ``m = ceil(n / BLOCK_P)``
@@ -163,7 +171,7 @@ def _score_span_even(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pca
         size = tl.cdiv(e - a, tiles)
         for t in range(tiles):
             start = a + t * size
-            _score_tile(q_ptr, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
+            _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
                         tl.minimum(start + size, e), H, G, D, PS, BLOCK_P)
 
 
@@ -205,6 +213,14 @@ def _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.co
         tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)
         qs += x.to(tl.float32)
     return qs
+
+
+@triton.jit
+def _copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
+    """One request's ``HG`` query heads from ``q_row`` into the contiguous ``qout_row``, a head at a time."""
+    d = tl.arange(0, D)
+    for i in tl.static_range(HG):
+        tl.store(qout_row + i * D + d, tl.load(q_row + i * D + d))
 
 
 @triton.jit
@@ -314,23 +330,31 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     variant = resolve_variant(variant)
     f = fields
     if q_out is not None:
-        assert copies_query(variant, q.shape[0] * landmarks.shape[1]), "the query copy is a fused launch's"
-        assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and q_out.is_contiguous() and q_out.shape == q.shape
+        assert copies_query(variant, q.shape[0] * landmarks.shape[1]), "the query copy is a copying variant's"
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
+        _check_query_copy(q, q_out)
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
                     cache_loc, variant, select=(f, row_indptr, out), q_out=q_out)
         return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                cache_loc, variant)
+                cache_loc, variant, q_out=q_out)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
 
 def copies_query(variant: str | None, rows: int) -> bool:
     """Whether ``score_and_select`` over ``rows`` rows takes a query strided per token and copies it contiguous
-    (``TopKVariant.copies_query``, in its fused launch): the backend then needs no copy kernel of its own."""
-    v = TOPK_VARIANTS[resolve_variant(variant)]
-    return v.copies_query and v.fuses(rows)
+    (``TopKVariant.copies_query``: in its fused launch, or past its rows in the split scoring's first program of
+    each request): the backend then needs no copy kernel of its own. Any batch, as of the split copy."""
+    return TOPK_VARIANTS[resolve_variant(variant)].copies_query
+
+
+def _check_query_copy(q: Tensor, q_out: Tensor | None) -> None:
+    """A strided query's heads each contiguous and adjacent (a slice of a token's row), ``q_out`` its contiguous twin."""
+    if q_out is not None:
+        assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and q_out.is_contiguous() and q_out.shape == q.shape
+    else:
+        assert q.is_contiguous(), "a strided query needs q_out"
 
 
 def score_programs(pcap: int, variant: str | None = None) -> int:
@@ -344,8 +368,9 @@ def score_programs(pcap: int, variant: str | None = None) -> int:
 
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
                 cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, k_buf: Tensor | None = None,
-                cache_loc: Tensor | None = None, variant: str | None = None) -> Tensor:
-    """q: [B, H*G, D] contiguous; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
+                cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None) -> Tensor:
+    """q: [B, H*G, D] contiguous, or with ``q_out`` (its contiguous twin, which the launch fills) strided per
+    token; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
 
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
     each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
@@ -354,15 +379,17 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     h = landmarks.shape[1]
     update = k_buf is not None
     variant = resolve_variant(variant)
+    _check_query_copy(q, q_out)
     if TOPK_VARIANTS[variant].fuses(b * h):  # the fused launch's own scoring, without its selection
         _row_launch(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
-                    variant)
+                    variant, q_out=q_out)
         return out
     nprog = score_programs(out.shape[1], variant)
     _score_kernel[(b, nprog)](
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
-        req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1],
-        H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1",
-        UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), num_warps=8,
+        req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1], q.stride(0),
+        q if q_out is None else q_out, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog,
+        EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), COPY_Q=q_out is not None,
+        num_warps=8,
         **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out

@@ -98,10 +98,12 @@ class TopKVariant:
     # 28.9 against 30.5; its benches: 196.6 against 203.1 and 200.7 us summed over batch 16's six contexts (one host's
     # two cards), 1.3-1.5 us less at batch 32 (``fused_hoisted_narrow``, the default since).
     hoisted: bool = False
-    # The fused launch takes SGLang's query as it comes (a slice of the fused QKV output, its tokens a row of QKV
-    # apart) and copies each row's heads contiguous for the attention as it reads them (``sparse_decode.copies_query``):
-    # the backend's ``q.contiguous()``, a copy kernel of its own before the selection (2.2 us and a gap in each sparse
-    # layer of call 34's served profile at 32K x 16), is then not launched.
+    # The selection takes SGLang's query as it comes (a slice of the fused QKV output, its tokens a row of QKV
+    # apart) and copies each request's heads contiguous for the attention as it reads them (``sparse_decode.
+    # copies_query``): each fused row program its group's heads; past the fused rows (batch 34 at 8 KV heads), the
+    # split scoring's first program of each request all of them. The backend's ``q.contiguous()``, a copy kernel of
+    # its own before the selection (2.2 us and a gap in each sparse layer of call 34's served profile at 32K x 16),
+    # is then not launched at any batch.
     copies_query: bool = False
 
     def __post_init__(self):
@@ -113,7 +115,6 @@ class TopKVariant:
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
         assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
         assert not self.hoisted or self.joint_write, "hoisted: the joint write's gathers ahead of its ranks"
-        assert not self.copies_query or self.fused, "copies_query: the fused launch's"
 
     @property
     def packed_code(self) -> int:
@@ -214,7 +215,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # round counts each key's distance in digits below the row's highest key (TopKVariant.top_digits);
 # ``fused_joint_narrow``: that whose rows of two register blocks rank both before either gathers (.joint_write);
 # ``fused_hoisted_narrow``: that whose row program asks for its loads ahead of where it waits on them (.hoisted).
-# ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it (.copies_query).
+# ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
+# path (.copies_query).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

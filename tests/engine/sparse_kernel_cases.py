@@ -10,6 +10,7 @@ with ``TRITON_INTERPRET=1``, which must be set before triton is first imported. 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -324,15 +325,21 @@ def test_hoisted_launch_writes_what_the_joint_one_does(K):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-def test_query_copy_reads_a_strided_query_and_copies_it(K):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+def test_query_copy_reads_a_strided_query_and_copies_it(K, fused, monkeypatch):
     """``fused_qcopy_narrow`` given the query as SGLang's decode has it (each token's heads a slice of a wider QKV
     row) and ``q_out``: the same landmarks, scores and pages as ``fused_hoisted_narrow`` on the contiguous query, and
-    ``q_out`` that query exactly (every head of every request, a dense row's too)."""
+    ``q_out`` that query exactly (every head of every request, a dense row's too), in its fused launch and, past
+    its fused rows (here made 1), in the split scoring and selection launches."""
+    if not fused:
+        for name in ("fused_qcopy_narrow", "fused_hoisted_narrow"):
+            monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
     lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
     case = _case(lengths, seed=27, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
     schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
     one = _selection(K, case, schedules, torch.float32, variant="fused_qcopy_narrow")
     two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_hoisted_narrow")
+    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) == fused
     b, hq, d = case.q.shape
     qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: q the first hq * d of each row
     qkv[:, :hq * d] = case.q.reshape(b, -1)

@@ -42,6 +42,22 @@ def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("variant", ["fused_hoisted_narrow", "fused_qcopy_narrow"])
+def test_split_score_kernel_compiles_for_sm90(variant):
+    """The split scoring a fused variant runs past its fused rows, with (``fused_qcopy_narrow``: the query strided,
+    its first program of each request copying it) and without the query copy, compiles for sm_90 unspilled."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_kernel_resources as res
+
+    from sparrow_server.kernels import sparse_decode as K
+
+    consts, options = res.score_kernel_launch(variant, 40960 // 16)
+    assert consts["COPY_Q"] == (variant == "fused_qcopy_narrow")
+    line = res.kernel_resources(res.compile_kernel(K._score_kernel, res.SCORE_TYPES, consts, options, 90))
+    assert "STACK:0" in line.replace(" ", ""), line
+
+
+@pytest.mark.timeout(300)
 def test_a_top_k_tier_compiles_alone_for_its_sass_counts():
     """``selection_kernel_resources.py --tiers`` compiles a top-k tier alone (its call into the kernel's tier
     function must follow that function's signature) and counts its block barriers: a second register block adds

@@ -188,16 +188,23 @@ def test_one_launch_scores_selects_and_updates_as_two_do(variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
-def test_query_copy_takes_the_strided_query_and_attends_the_same():
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_query_copy_takes_the_strided_query_and_attends_the_same(split):
     """``fused_qcopy_narrow`` given the query as SGLang's decode has it (a slice of each token's fused QKV row) and
     ``q_out``: the landmarks, scores and pages ``fused_hoisted_narrow`` writes from the contiguous query, ``q_out`` that
-    query exactly, and so FlashInfer's decode on it the same output."""
+    query exactly, and so FlashInfer's decode on it the same output; in the fused launch (6 requests) and past its
+    rows (34 requests x 8 KV heads: 272 rows), where the split scoring's launch copies it."""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     lengths = [33000, 16500, 700, 24500, 2100, 9000]
+    budgets = [256, 100, 30, 200, None, 64]
+    if split:
+        g = torch.Generator().manual_seed(42)
+        lengths += torch.randint(500, 12000, (28,), generator=g).tolist()
+        budgets += torch.randint(16, 256, (28,), generator=g).tolist()
     case = make_case(lengths, seed=41)
-    schedules = [fixed_budget_schedule(b) for b in (256, 100, 30, 200)] + [dense_schedule(), fixed_budget_schedule(64)]
+    schedules = [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets]
     plan = plan_for(case, schedules, topk_cap_pages=256)
     lm = _landmarks(case, torch.bfloat16)
     one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_qcopy_narrow")
@@ -207,6 +214,7 @@ def test_query_copy_takes_the_strided_query_and_attends_the_same():
     qkv[:, :hq * d] = case.q.reshape(b, -1)
     strided = qkv[:, :hq * d].view(b, hq, d)
     assert not strided.is_contiguous() and K.copies_query("fused_qcopy_narrow", one.scores.shape[0])
+    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) != split
     q_out = torch.full_like(case.q, -123.25)
     n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
     loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()
