@@ -50,4 +50,7 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # both cards of one host (summed over six contexts at batch 16: 196.6 vs 203.1 and 196.6 vs 200.7 us; 33K x 16: 32.1 vs
 # 33.3 and 32.0 vs 32.8; batch 32: 52.7-56.0 vs 54.0-57.5) and less in every batch-16 case on another (32.0 vs 33.7 at
 # 33K); in its phase profile the reserved pages 0.03 vs 0.76 us after the scoring, the write 1.85 vs 2.21.
-DEFAULT_SELECT_VARIANT = "fused_hoisted_narrow"
+# ``fused_qcopy_narrow`` (call 35, H200, benchmarks/results/speed/call35/): the same selection, but the backend's
+# ``q.contiguous()`` copy kernel not launched; served decode at 32K on the same two cards, dense and sparse at once:
+# sparse 2833.5 vs 2797.5 tok/s at batch 16 (+1.3%), 3532.1 vs 3503.5 at batch 34 (+0.8%).
+DEFAULT_SELECT_VARIANT = "fused_qcopy_narrow"
