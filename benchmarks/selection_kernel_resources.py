@@ -25,11 +25,11 @@ from sparrow_server.kernels import topk
 
 SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
                    lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32", q_stride="i32",
-                   qout_ptr="*bf16")
+                   qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32", vbuf_ptr="*bf16")
 ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
                  lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
-                 q_stride="i32", qout_ptr="*bf16")
+                 q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32", vbuf_ptr="*bf16")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     bins_ptr="*i32", r2t_stride="i32")
@@ -50,7 +50,7 @@ def row_kernel_launch(variant: str) -> tuple[dict, dict]:
     consts, options = topk.tier_launch(variant)
     v = topk.TOPK_VARIANTS[variant]
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
-                HOIST=v.hoisted, COPY_Q=v.copies_query, **consts), options
+                HOIST=v.hoisted, COPY_Q=v.copies_query, STORE_KV=v.stores_kv, **consts), options
 
 
 def score_kernel_launch(variant: str, pcap: int) -> tuple[dict, dict]:
@@ -58,7 +58,8 @@ def score_kernel_launch(variant: str, pcap: int) -> tuple[dict, dict]:
     (constants, options)."""
     even = variant != "v1"
     consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.SCORE_BLOCK_P, NPROG=K.score_programs(pcap, variant), EVEN=even,
-                  UPDATE=True, LM_BLOCK=1024, COPY_Q=topk.TOPK_VARIANTS[variant].copies_query)
+                  UPDATE=True, LM_BLOCK=1024, COPY_Q=topk.TOPK_VARIANTS[variant].copies_query,
+                  STORE_KV=topk.TOPK_VARIANTS[variant].stores_kv)
     return consts, {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
 
 

@@ -30,6 +30,9 @@ TRAINER = "tests/gpu/test_sglang_trainer_compat.py"
 BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
+_STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
+          "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")  # the fused row's store, then its landmark update:
+_UPDATE = "        if UPDATE:\n            _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)\n"  # kv_store_after_landmark
 RADIX = "sparrow_server/kernels/radix.py"
 TOPK = "sparrow_server/kernels/topk.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
@@ -132,6 +135,16 @@ BREAKS = (
           "tl.store(qout_row + i * D + d, tl.load(q_row + i * D + d))",
           "tl.store(qout_row + d, tl.load(q_row + i * D + d))",
           (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
+    Break("kv_store_one_head", "the selection's store of the step's K writes every KV head's key into head 0's "
+          "place (fused_kvstore_narrow, both launch paths)", KERNELS,
+          "tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))",
+          "tl.store(kbuf_ptr + loc * HD + (e - first), tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))",
+          (f"{KERNEL_TESTS}::test_kv_store_stores_the_step_kv_and_attends_the_same",)),
+    Break("kv_store_after_landmark", "a fused row stores the step's K and V after its landmark update read the slot "
+          "(fused_kvstore_narrow)", KERNELS,
+          f"{_STORE}{_UPDATE}        if SELECT:\n            t, slot, m",
+          f"{_UPDATE}{_STORE}        if SELECT:\n            t, slot, m",
+          (f"{KERNEL_TESTS}::test_kv_store_stores_the_step_kv_and_attends_the_same",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

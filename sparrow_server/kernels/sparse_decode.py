@@ -121,11 +121,14 @@ def _landmark_scores(lm, qs, G: tl.constexpr):
 
 @triton.jit
 def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
-                  q_stride, qout_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
-                  BLOCK_P: tl.constexpr, NPROG: tl.constexpr, EVEN: tl.constexpr, UPDATE: tl.constexpr,
-                  LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr):
+                  q_stride, qout_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, H: tl.constexpr,
+                  G: tl.constexpr,
+                  D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, NPROG: tl.constexpr, EVEN: tl.constexpr,
+                  UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr):
     """Programs (b, p): request ``b``'s query heads read ``q_stride`` elements a token apart; COPY_Q: program
-    (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``)."""
+    (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``).
+    STORE_KV (with UPDATE): the landmark's program first stores the step's key and value of every head (as the
+    fused launch's ``_store_step_kv``)."""
     b = tl.program_id(0)
     p = tl.program_id(1)
     q_row = q_ptr + b.to(tl.int64) * q_stride
@@ -141,6 +144,11 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
         else:
             mine = p == 0
         if mine:
+            if STORE_KV:
+                for hh in tl.static_range(H):
+                    _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D,
+                                   D)
+                tl.debug_barrier()
             loc = tl.load(loc_ptr + b).to(tl.int64)
             _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
     lo = tl.load(lo_ptr + b)
@@ -238,10 +246,11 @@ def _score_row(qs, lm_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.const
 
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
-                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, H: tl.constexpr,
+                k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
+                k_stride, v_stride, vbuf_ptr, H: tl.constexpr,
                 G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
                 UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr,
-                SMALL: tl.constexpr,
+                STORE_KV: tl.constexpr, SMALL: tl.constexpr,
                 MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                 TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                 FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
@@ -250,7 +259,9 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
     reserved pages' ids gathered before the scoring and stored after it. COPY_Q: the query read ``q_stride``
-    elements a token apart and its row's heads copied into ``qout_ptr`` (contiguous), else read contiguous."""
+    elements a token apart and its row's heads copied into ``qout_ptr`` (contiguous), else read contiguous.
+    STORE_KV (with UPDATE): first the step's key and value of the row's head (``kin_ptr``, ``vin_ptr``, tokens
+    ``k_stride``, ``v_stride`` elements apart) into the pool at the request's slot, as SGLang's ``set_kv_buffer``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
@@ -264,11 +275,17 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             cnt = tl.load(cnt_ptr + b)
             s = tl.load(sink_ptr + b)
             out = out_ptr + tl.load(indptr_ptr + r)
+        if STORE_KV:
+            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
+            tl.debug_barrier()
         if UPDATE:
             _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         if SELECT:
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
+        if STORE_KV:
+            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
+            tl.debug_barrier()
         if UPDATE:
             _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         lo = tl.load(lo_ptr + b)
@@ -292,6 +309,19 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
 
 
 @triton.jit
+def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, first, HD: tl.constexpr,
+                   N: tl.constexpr):
+    """Elements ``[first, first + N)`` of request ``b``'s step key and value (tokens ``k_stride``, ``v_stride``
+    apart) into the
+    token-major pools' rows (``HD`` elements) at its slot. The caller then holds a block barrier before the
+    landmark update reads the slot's key back."""
+    loc = tl.load(loc_ptr + b).to(tl.int64)
+    e = first + tl.arange(0, N)
+    tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))
+    tl.store(vbuf_ptr + loc * HD + e, tl.load(vin_ptr + b.to(tl.int64) * v_stride + e))
+
+
+@triton.jit
 def _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
     """Head ``h`` of the landmark of the page request ``b``'s slot completes (the partial page is always a recent
     page, never scored)."""
@@ -301,43 +331,51 @@ def _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexp
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
-                select: tuple | None = None, q_out: Tensor | None = None) -> None:
+                select: tuple | None = None, q_out: Tensor | None = None, store_kv: tuple | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
-    buffer) the selection too; with ``q_out``, ``q`` copied into it. Arguments a launch does not read are passed as
-    ``cand_lo`` (a pointer of its own)."""
+    buffer) the selection too; with ``q_out``, ``q`` copied into it; with ``store_kv``, the step's K and V stored
+    first. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     bins = radix_bins(variant, b * h, out) if select else cand_lo
+    kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _row_kernel[(b * h,)](
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, H=h,
-        G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None,
-        SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, COPY_Q=q_out is not None,
-        **consts, **options)
+        cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, kin, vin,
+        kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES,
+        UPDATE=k_buf is not None, SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted,
+        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
                      row_indptr: Tensor, page_size: int, scores: Tensor, out: Tensor, k_buf: Tensor | None = None,
-                     cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None) -> None:
+                     cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
+                     store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
     Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
-    apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention)."""
+    apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention). ``store_kv``
+    (where ``stores_kv``; with ``k_buf`` and ``cache_loc``): the step's key and value ([B, H, D], each token's heads
+    adjacent, its tokens a stride apart) and the value pool: the launch stores them at ``cache_loc`` first, as
+    SGLang's ``set_kv_buffer`` would (a plain pool of their dtype), so the landmark update sees the step's key."""
     variant = resolve_variant(variant)
     f = fields
     if q_out is not None:
         assert copies_query(variant, q.shape[0] * landmarks.shape[1]), "the query copy is a copying variant's"
+    if store_kv is not None:
+        assert stores_kv(variant), "the K/V store is a storing variant's"
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
         _check_query_copy(q, q_out)
+        _check_step_kv(store_kv, k_buf, cache_loc)
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out)
+                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv)
         return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                cache_loc, variant, q_out=q_out)
+                cache_loc, variant, q_out=q_out, store_kv=store_kv)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
@@ -347,6 +385,24 @@ def copies_query(variant: str | None, rows: int) -> bool:
     (``TopKVariant.copies_query``: in its fused launch, or past its rows in the split scoring's first program of
     each request): the backend then needs no copy kernel of its own. Any batch, as of the split copy."""
     return TOPK_VARIANTS[resolve_variant(variant)].copies_query
+
+
+def stores_kv(variant: str | None) -> bool:
+    """Whether ``score_and_select`` stores the step's K and V given ``store_kv`` (``TopKVariant.stores_kv``, either
+    launch path): the backend then skips SGLang's ``set_kv_buffer`` where its pool is a plain one of K's dtype."""
+    return TOPK_VARIANTS[resolve_variant(variant)].stores_kv
+
+
+def _check_step_kv(store_kv: tuple | None, k_buf: Tensor | None, cache_loc: Tensor | None) -> None:
+    """The step's K and V as the store reads them: [B, H, D] of the pools' dtype, each token's heads adjacent (its
+    tokens any stride apart); the value pool the key pool's twin; the slots given."""
+    if store_kv is None:
+        return
+    k, v, v_buf = store_kv
+    assert k_buf is not None and cache_loc is not None and cache_loc.shape[0] == k.shape[0]
+    assert k.shape == v.shape and k.shape[1:] == k_buf.shape[1:] and v_buf.shape == k_buf.shape
+    assert all(t.stride(2) == 1 and t.stride(1) == t.shape[2] for t in (k, v))
+    assert k.dtype == v.dtype == k_buf.dtype == v_buf.dtype and k_buf.is_contiguous() and v_buf.is_contiguous()
 
 
 def _check_query_copy(q: Tensor, q_out: Tensor | None) -> None:
@@ -368,9 +424,10 @@ def score_programs(pcap: int, variant: str | None = None) -> int:
 
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
                 cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, k_buf: Tensor | None = None,
-                cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None) -> Tensor:
+                cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
+                store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
     """q: [B, H*G, D] contiguous, or with ``q_out`` (its contiguous twin, which the launch fills) strided per
-    token; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only.
+    token; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only. ``store_kv``: as ``score_and_select``.
 
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
     each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
@@ -380,16 +437,18 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     update = k_buf is not None
     variant = resolve_variant(variant)
     _check_query_copy(q, q_out)
+    _check_step_kv(store_kv, k_buf, cache_loc)
     if TOPK_VARIANTS[variant].fuses(b * h):  # the fused launch's own scoring, without its selection
         _row_launch(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
-                    variant, q_out=q_out)
+                    variant, q_out=q_out, store_kv=store_kv)
         return out
     nprog = score_programs(out.shape[1], variant)
+    kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _score_kernel[(b, nprog)](
         q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
         req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1], q.stride(0),
-        q if q_out is None else q_out, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog,
-        EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d), COPY_Q=q_out is not None,
-        num_warps=8,
+        q if q_out is None else q_out, kin, vin, kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size,
+        BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d),
+        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, num_warps=8,
         **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out

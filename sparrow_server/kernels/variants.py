@@ -105,6 +105,12 @@ class TopKVariant:
     # its own before the selection (2.2 us and a gap in each sparse layer of call 34's served profile at 32K x 16),
     # is then not launched at any batch.
     copies_query: bool = False
+    # The selection's launch stores the step's key and value into the pool (``sparse_decode.stores_kv``) before its
+    # landmark update reads the slot back: each fused row program its KV head's, past the fused rows the split
+    # scoring's landmark program of each request every head's. The backend then skips SGLang's ``set_kv_buffer``
+    # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
+    # pool is a plain token-major one of the key's dtype.
+    stores_kv: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -162,7 +168,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_hoisted_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                  hoisted=True),
                  "fused_qcopy_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
-                                               hoisted=True, copies_query=True)}
+                                               hoisted=True, copies_query=True),
+                 "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
+                                                 hoisted=True, copies_query=True, stores_kv=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -217,6 +225,7 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_hoisted_narrow``: that whose row program asks for its loads ahead of where it waits on them (.hoisted).
 # ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
 # path (.copies_query).
+# ``fused_kvstore_narrow``: that which also stores the step's key and value into the pool (.stores_kv).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

@@ -360,6 +360,42 @@ def test_query_copy_reads_a_strided_query_and_copies_it(K, fused, monkeypatch):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
+def test_kv_store_writes_the_step_kv_before_the_landmark_reads_it(K, fused, monkeypatch):
+    """``fused_kvstore_narrow`` given the step's key and value as SGLang's decode has them (slices of each token's
+    QKV row): the pools afterwards what ``set_kv_buffer`` then ``fused_qcopy_narrow`` leave (the step's slot of every
+    head, nothing else), and the same landmarks (a completed page's from the new key), scores and pages, in the fused
+    launch and, past its fused rows (here made 1), in the split scoring's landmark program."""
+    if not fused:
+        for name in ("fused_kvstore_narrow", "fused_qcopy_narrow"):
+            monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
+    case = _case(lengths, seed=28, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
+    one = _selection(K, case, schedules, torch.float32, variant="fused_kvstore_narrow")
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_qcopy_narrow")
+    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) == fused and K.stores_kv(one.variant)
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: k and v after the query heads of each row
+    k, v = (qkv[:, (hq + i * 2) * d:(hq + i * 2 + 2) * d].view(b, 2, d) for i in (0, 1))
+    k = k.clone()  # as where SGLang's rope writes the key anew: its tokens another stride apart than the value's
+    loc = case.req_to_token[case.rpi, (case.lengths // PS) * PS - 1].long()  # each completes a page
+    loc[2] = case.req_to_token[case.rpi[2], case.lengths[2] - 1].long()  # one does not
+    stored_k, stored_v = case.k_buf.clone(), case.v_buf.clone()
+    stored_k[loc], stored_v[loc] = k, v
+    k_buf, v_buf = case.k_buf.clone(), case.v_buf.clone()
+    for sel, kb, store in ((one, k_buf, (k, v, v_buf)), (two, stored_k, None)):
+        sel.scores.fill_(OUTSIDE)
+        sel.indices.fill_(-1)
+        K.score_and_select(case.q, sel.lm, case.req_to_token, case.rpi, one.fields, sel.row_indptr, PS, sel.scores,
+                           sel.indices, k_buf=kb, cache_loc=loc, variant=sel.variant, store_kv=store)
+    assert torch.equal(k_buf, stored_k) and torch.equal(v_buf, stored_v)
+    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
+    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
+    old = case.k_buf[(loc[:2] // PS * PS)[:, None] + torch.arange(PS)].mean(dim=1)  # the pages' landmarks before
+    assert not torch.allclose(one.lm[loc[:2] // PS], old)
+
+
 def test_fused_variants_fuse_up_to_their_rows(K):
     """``fused_hist64`` scores and selects in one launch at any batch; ``fused_hist64_narrow`` up to one wave of
     its programs (WIDE_FROM_ROWS rows: 2 per SM on 132 SMs), past it ``short8_hist40_wide``'s two launches; the

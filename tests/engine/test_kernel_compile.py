@@ -29,7 +29,8 @@ def _compile_row_kernel(variant: str):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
                                      "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
-                                     "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow"])
+                                     "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
+                                     "fused_kvstore_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     from sparrow_server.kernels import sparse_decode as K
 
@@ -42,17 +43,19 @@ def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("variant", ["fused_hoisted_narrow", "fused_qcopy_narrow"])
+@pytest.mark.parametrize("variant", ["fused_hoisted_narrow", "fused_qcopy_narrow", "fused_kvstore_narrow"])
 def test_split_score_kernel_compiles_for_sm90(variant):
     """The split scoring a fused variant runs past its fused rows, with (``fused_qcopy_narrow``: the query strided,
-    its first program of each request copying it) and without the query copy, compiles for sm_90 unspilled."""
+    its first program of each request copying it; ``fused_kvstore_narrow``: also the step's K and V stored by the
+    landmark's program) and without the query copy, compiles for sm_90 unspilled."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import selection_kernel_resources as res
 
     from sparrow_server.kernels import sparse_decode as K
 
     consts, options = res.score_kernel_launch(variant, 40960 // 16)
-    assert consts["COPY_Q"] == (variant == "fused_qcopy_narrow")
+    assert consts["COPY_Q"] == (variant != "fused_hoisted_narrow")
+    assert consts["STORE_KV"] == (variant == "fused_kvstore_narrow")
     line = res.kernel_resources(res.compile_kernel(K._score_kernel, res.SCORE_TYPES, consts, options, 90))
     assert "STACK:0" in line.replace(" ", ""), line
 

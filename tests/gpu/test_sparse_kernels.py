@@ -229,6 +229,52 @@ def test_query_copy_takes_the_strided_query_and_attends_the_same(split):
     assert torch.equal(got, two.wrapper.run(case.q.view(-1, two.g, d), two.kv))
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
+def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
+    """``fused_kvstore_narrow`` given the step's key and value as SGLang's decode has them (slices of each token's
+    fused QKV row): the pools afterwards exactly what ``set_kv_buffer`` then ``fused_qcopy_narrow`` leave, the same
+    landmarks (the completed pages' from the new keys), scores and pages, and FlashInfer's decode the same output;
+    in the fused launch (6 requests) and past its rows (34 requests x 8 KV heads), in the split scoring."""
+    from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
+
+    lengths = [33000, 16500, 700, 24500, 2100, 9000]
+    budgets = [256, 100, 30, 200, None, 64]
+    if split:
+        g = torch.Generator().manual_seed(44)
+        lengths += torch.randint(500, 12000, (28,), generator=g).tolist()
+        budgets += torch.randint(16, 256, (28,), generator=g).tolist()
+    case = make_case(lengths, seed=43)
+    schedules = [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets]
+    plan = plan_for(case, schedules, topk_cap_pages=256)
+    lm = _landmarks(case, torch.bfloat16)
+    one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_narrow")
+    two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_qcopy_narrow")
+    assert K.stores_kv(one.variant) and K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) != split
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 8) * d, device="cuda").to(case.q.dtype)  # k, v after the query heads of a row
+    k, v = (qkv[:, (hq + i * 8) * d:(hq + i * 8 + 8) * d].view(b, 8, d) for i in (0, 1))
+    n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
+    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()  # completes each request's first recent page
+    before = case.k_buf.clone(), case.v_buf.clone()
+    case.k_buf[loc], case.v_buf[loc] = k, v  # as set_kv_buffer leaves the pools
+    K.score_and_select(case.q, two.lm, case.req_to_token, case.rpi, two.fields, two.row_indptr, PS, two.scores,
+                       two.indices, k_buf=case.k_buf, cache_loc=loc, variant=two.variant)
+    want = two.wrapper.run(case.q.view(-1, two.g, d), two.kv)
+    stored = case.k_buf.clone(), case.v_buf.clone()
+    case.k_buf.copy_(before[0])
+    case.v_buf.copy_(before[1])
+    K.score_and_select(case.q, one.lm, case.req_to_token, case.rpi, one.fields, one.row_indptr, PS, one.scores,
+                       one.indices, k_buf=case.k_buf, cache_loc=loc, variant=one.variant,
+                       store_kv=(k, v, case.v_buf))
+    assert torch.equal(case.k_buf, stored[0]) and torch.equal(case.v_buf, stored[1])
+    assert not torch.equal(stored[0], before[0])
+    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
+    assert torch.equal(one.indices, two.indices)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+    assert torch.equal(one.wrapper.run(case.q.view(-1, one.g, d), one.kv), want)
+
+
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""

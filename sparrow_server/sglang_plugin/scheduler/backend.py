@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend, KVWriteLoc
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.sglang_plugin.scheduler import state
@@ -57,6 +58,13 @@ from sparrow_server.sglang_plugin.scheduler.landmarks import kv_cache_region
 logger = logging.getLogger(__name__)
 
 LOG_EVERY = 500  # decode steps between sparsity log lines
+
+
+def plain_token_major_pool(pool) -> bool:
+    """Whether ``pool.set_kv_buffer`` of a step's K and V of the pool's dtype is a plain store of each token's
+    [H, D] row at its slot (SGLang 0.5.17's ``MHATokenToKVPool``, unquantized, token-major "nhd", no subclass)."""
+    return (type(pool) is MHATokenToKVPool and not pool.is_quantized_kv_cache and pool.store_dtype == pool.dtype
+            and not pool.use_hnd and pool.kv_cache_layout == "nhd")
 
 
 def _rank_heads(model_runner, local_heads: int) -> tuple[int, ...]:
@@ -107,6 +115,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
+        # the selection's launch stores the step's K and V itself where its variant does and the pool is plain
+        self.stores_kv = K.stores_kv(self.select_variant) and plain_token_major_pool(self.token_to_kv_pool)
         # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
         self.split_eager, self.split_graph = backend_splits(self, self.page_size)
         pool = self.token_to_kv_pool
@@ -132,10 +142,10 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
                     "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s, "
-                    "KV split eager %s / graph %s",
+                    "KV split eager %s / graph %s, step K/V stored by the selection %s",
                     len(self.landmarks), sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap,
                     self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant, self.split_eager,
-                    self.split_graph)
+                    self.split_graph, self.stores_kv)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
@@ -227,6 +237,17 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             out.append(extra)
         return out
 
+    def _step_kv(self, k, v, k_buf, v_buf) -> tuple | None:
+        """The step's K and V as the selection's launch stores them (``sparse_decode.score_and_select``'s
+        ``store_kv``), or None where ``set_kv_buffer`` must: a variant that does not store, a pool that is not
+        plain, a dtype that ``set_kv_buffer`` would cast (and scale), a hybrid pool's SWA slots."""
+        if not self.stores_kv or k.dtype != k_buf.dtype or v.dtype != v_buf.dtype:
+            return None
+        if self.forward_metadata.swa_out_cache_loc is not None:
+            return None
+        k3, v3 = (t.reshape(t.shape[0], *k_buf.shape[1:]) for t in (k, v))  # views of SGLang's QKV slices
+        return k3, v3, v_buf
+
     # ---- layers -----------------------------------------------------------------------------
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -243,10 +264,13 @@ class SparrowAttnBackend(FlashInferAttnBackend):
             return super().forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         cache_loc = forward_batch.out_cache_loc
         pool = self.token_to_kv_pool
-        if k is not None and save_kv_cache:
-            pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
-                               *self._kv_write_scales(layer))
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        store_kv = None
+        if k is not None and save_kv_cache:
+            store_kv = self._step_kv(k, v, k_buf, v_buf)
+            if store_kv is None:
+                pool.set_kv_buffer(layer, KVWriteLoc(cache_loc, self.forward_metadata.swa_out_cache_loc), k, v,
+                                   *self._kv_write_scales(layer))
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)  # SGLang's q: a slice of the QKV output, strided
         # the attention reads a contiguous query: the selection's launch writes it where its variant copies the
         # query (no copy kernel of its own), else q.contiguous()
@@ -259,7 +283,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         decode: LayerDecode = step.layers[layer.layer_id]
         f = decode.fields
         K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
-                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant, q_out=q_out)
+                           step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant, q_out=q_out,
+                           store_kv=store_kv)
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
