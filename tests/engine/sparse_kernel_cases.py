@@ -27,7 +27,8 @@ OUTSIDE = -123.25    # score-buffer fill that no kernel write can produce: untou
 VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
-            "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow")
+            "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
+            "fused_kvstore_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
