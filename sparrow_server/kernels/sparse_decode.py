@@ -3,7 +3,8 @@
 Work follows each request's own page count, read on the device: loops run over the request's
 candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages).
 
-- ``update_landmarks``: mean key of the page holding each written slot (fp32 accumulation); prefill.
+- ``update_landmarks``: mean key of the page holding each written slot (fp32 accumulation); prefill
+  (``landmarks.py``, re-exported here).
 - ``page_scores``: decode, per request: the landmark of the page this step completed (folded in),
   then every candidate page's landmark of each KV head dotted with the mean query of that head's
   group, written to ``[cand_lo, cand_hi)`` of the row only.
@@ -12,6 +13,9 @@ candidate pages, never over ``Pcap`` (the server's ``--context-length`` in pages
   that fits it, ties to the earlier page, as ``select_pages``)
   and the FlashInfer page ids of sink + top-k + recent pages into the decode wrapper's index buffer
   (its kernels in ``topk.py``, re-exported here).
+- ``score_and_select``: a sparse layer's decode selection as the backend runs it (the fused variants: one launch of
+  both per (request, KV head) row), which may also copy the query contiguous (``q_out``) and store the step's K and
+  V (``store_kv``) for the attention.
 Both take ``variant`` (SELECT_VARIANTS; default DEFAULT_SELECT_VARIANT; the server passes its
 plug-in setting ``SPARROW_SELECT_VARIANT``): how scoring splits a row across programs and which
 register tiers top-k has. Same pages either way.
@@ -24,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
+from sparrow_server.kernels.landmarks import _page_mean, _row_update, update_landmarks  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
     SELECT_ROWS, TOPK_VARIANTS, radix_bins, reserved_ids, resolve_variant, select_and_write, select_launches,
@@ -49,39 +54,6 @@ ROW_BLOCK_P = 128
 # Deeper (4 stages of 128 pages, 6 of 64) scored no faster in call 28's bench (within 2% from 32K).
 ROW_STAGES = 3
 FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
-
-
-@triton.jit
-def _page_mean(k_ptr, lm_ptr, loc, mask, HD: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
-    """Landmark (mean key, fp32 accumulation) of the page holding slot ``loc``."""
-    page = loc // PS
-    offs = tl.arange(0, BLOCK)
-    m = mask & (offs < HD)
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    base = k_ptr + page * PS * HD
-    for t in tl.static_range(PS):
-        acc += tl.load(base + t * HD + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(lm_ptr + page * HD + offs, (acc / PS).to(lm_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _landmark_kernel(k_ptr, loc_ptr, lm_ptr, HD: tl.constexpr, PS: tl.constexpr, ONLY_FULL: tl.constexpr,
-                     BLOCK: tl.constexpr):
-    loc = tl.load(loc_ptr + tl.program_id(0)).to(tl.int64)
-    if ONLY_FULL:
-        _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, HD, PS, BLOCK)
-    else:
-        _page_mean(k_ptr, lm_ptr, loc, loc >= 0, HD, PS, BLOCK)
-
-
-def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool) -> None:
-    """k_buf: [N, H, D] contiguous; locs: [T] slots; landmarks: [N // ps, H, D]."""
-    t = locs.shape[0]
-    if t == 0:
-        return
-    hd = k_buf.shape[1] * k_buf.shape[2]
-    _landmark_kernel[(t,)](k_buf, locs, landmarks, HD=hd, PS=page_size, ONLY_FULL=only_full,
-                           BLOCK=triton.next_power_of_2(hd), num_warps=4)
 
 
 @triton.jit
@@ -181,18 +153,6 @@ def _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pca
             start = a + t * size
             _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
                         tl.minimum(start + size, e), H, G, D, PS, BLOCK_P)
-
-
-@triton.jit
-def _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
-    """Head ``h``'s part of ``_page_mean``: the same sums in the same order, so the same landmark."""
-    page = loc // PS
-    d = tl.arange(0, D)
-    acc = tl.zeros([D], dtype=tl.float32)
-    base = kbuf_ptr + page * PS * H * D + h * D
-    for t in tl.static_range(PS):
-        acc += tl.load(base + t * H * D + d).to(tl.float32)
-    tl.store(lm_ptr + page * H * D + h * D + d, (acc / PS).to(lm_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -319,15 +279,6 @@ def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc
     e = first + tl.arange(0, N)
     tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))
     tl.store(vbuf_ptr + loc * HD + e, tl.load(vin_ptr + b.to(tl.int64) * v_stride + e))
-
-
-@triton.jit
-def _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
-    """Head ``h`` of the landmark of the page request ``b``'s slot completes (the partial page is always a recent
-    page, never scored)."""
-    loc = tl.load(loc_ptr + b).to(tl.int64)
-    if loc % PS == PS - 1:
-        _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H, D, PS)
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,

@@ -326,21 +326,28 @@ def test_hoisted_launch_writes_what_the_joint_one_does(K):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
+def _fused_or_split_pair(K, fused, monkeypatch, seed, variant, base):
+    """Rows of 2,049 + 3 and 300 + 3 pages and a dense one (2 KV heads, fp32), selected by ``variant`` and ``base`` on
+    equal landmarks, in their fused launch or (``fused`` False: their fused rows made 1) in the split launches."""
+    if not fused:
+        for name in (variant, base):
+            monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
+    case = _case(lengths, seed=seed, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
+    one = _selection(K, case, schedules, torch.float32, variant=variant)
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], base)
+    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) == fused
+    return case, one, two
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "split"])
 def test_query_copy_reads_a_strided_query_and_copies_it(K, fused, monkeypatch):
     """``fused_qcopy_narrow`` given the query as SGLang's decode has it (each token's heads a slice of a wider QKV
     row) and ``q_out``: the same landmarks, scores and pages as ``fused_hoisted_narrow`` on the contiguous query, and
     ``q_out`` that query exactly (every head of every request, a dense row's too), in its fused launch and, past
     its fused rows (here made 1), in the split scoring and selection launches."""
-    if not fused:
-        for name in ("fused_qcopy_narrow", "fused_hoisted_narrow"):
-            monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
-    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
-    case = _case(lengths, seed=27, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
-    schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
-    one = _selection(K, case, schedules, torch.float32, variant="fused_qcopy_narrow")
-    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_hoisted_narrow")
-    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) == fused
+    case, one, two = _fused_or_split_pair(K, fused, monkeypatch, 27, "fused_qcopy_narrow", "fused_hoisted_narrow")
     b, hq, d = case.q.shape
     qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: q the first hq * d of each row
     qkv[:, :hq * d] = case.q.reshape(b, -1)
@@ -367,15 +374,8 @@ def test_kv_store_writes_the_step_kv_before_the_landmark_reads_it(K, fused, monk
     QKV row): the pools afterwards what ``set_kv_buffer`` then ``fused_qcopy_narrow`` leave (the step's slot of every
     head, nothing else), and the same landmarks (a completed page's from the new key), scores and pages, in the fused
     launch and, past its fused rows (here made 1), in the split scoring's landmark program."""
-    if not fused:
-        for name in ("fused_kvstore_narrow", "fused_qcopy_narrow"):
-            monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
-    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
-    case = _case(lengths, seed=28, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
-    schedules = [fixed_budget_schedule(b) for b in (256, 30)] + [dense_schedule()]
-    one = _selection(K, case, schedules, torch.float32, variant="fused_kvstore_narrow")
-    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_qcopy_narrow")
-    assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) == fused and K.stores_kv(one.variant)
+    case, one, two = _fused_or_split_pair(K, fused, monkeypatch, 28, "fused_kvstore_narrow", "fused_qcopy_narrow")
+    assert K.stores_kv(one.variant)
     b, hq, d = case.q.shape
     qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: k and v after the query heads of each row
     k, v = (qkv[:, (hq + i * 2) * d:(hq + i * 2 + 2) * d].view(b, 2, d) for i in (0, 1))

@@ -188,6 +188,22 @@ def test_one_launch_scores_selects_and_updates_as_two_do(variant):
     assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
+def _fused_or_split_case(split: bool, seed: int, device: str = "cuda"):
+    """Six requests of 700 to 33,000 tokens, a dense one among them (fused: 48 rows), or with 28 more of 500 to
+    12,000 (34 x 8 KV heads: 272 rows, past the fused launch's 264): the case and its plan (top-k cap 256 pages)."""
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
+
+    lengths = [33000, 16500, 700, 24500, 2100, 9000]
+    budgets = [256, 100, 30, 200, None, 64]
+    if split:
+        g = torch.Generator().manual_seed(seed + 1)
+        lengths += torch.randint(500, 12000, (28,), generator=g).tolist()
+        budgets += torch.randint(16, 256, (28,), generator=g).tolist()
+    case = make_case(lengths, seed=seed, device=device)
+    schedules = [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets]
+    return case, plan_for(case, schedules, topk_cap_pages=256)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["fused", "split"])
 def test_query_copy_takes_the_strided_query_and_attends_the_same(split):
     """``fused_qcopy_narrow`` given the query as SGLang's decode has it (a slice of each token's fused QKV row) and
@@ -195,17 +211,8 @@ def test_query_copy_takes_the_strided_query_and_attends_the_same(split):
     query exactly, and so FlashInfer's decode on it the same output; in the fused launch (6 requests) and past its
     rows (34 requests x 8 KV heads: 272 rows), where the split scoring's launch copies it."""
     from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
-    lengths = [33000, 16500, 700, 24500, 2100, 9000]
-    budgets = [256, 100, 30, 200, None, 64]
-    if split:
-        g = torch.Generator().manual_seed(42)
-        lengths += torch.randint(500, 12000, (28,), generator=g).tolist()
-        budgets += torch.randint(16, 256, (28,), generator=g).tolist()
-    case = make_case(lengths, seed=41)
-    schedules = [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets]
-    plan = plan_for(case, schedules, topk_cap_pages=256)
+    case, plan = _fused_or_split_case(split, seed=41)
     lm = _landmarks(case, torch.bfloat16)
     one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_qcopy_narrow")
     two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_hoisted_narrow")
@@ -236,17 +243,8 @@ def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
     landmarks (the completed pages' from the new keys), scores and pages, and FlashInfer's decode the same output;
     in the fused launch (6 requests) and past its rows (34 requests x 8 KV heads), in the split scoring."""
     from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
-    lengths = [33000, 16500, 700, 24500, 2100, 9000]
-    budgets = [256, 100, 30, 200, None, 64]
-    if split:
-        g = torch.Generator().manual_seed(44)
-        lengths += torch.randint(500, 12000, (28,), generator=g).tolist()
-        budgets += torch.randint(16, 256, (28,), generator=g).tolist()
-    case = make_case(lengths, seed=43)
-    schedules = [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets]
-    plan = plan_for(case, schedules, topk_cap_pages=256)
+    case, plan = _fused_or_split_case(split, seed=43)
     lm = _landmarks(case, torch.bfloat16)
     one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_narrow")
     two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_qcopy_narrow")
