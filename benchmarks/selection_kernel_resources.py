@@ -29,7 +29,8 @@ SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64",
 ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
                  lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
-                 q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32", vbuf_ptr="*bf16")
+                 q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32",
+                 vbuf_ptr="*bf16")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     bins_ptr="*i32", r2t_stride="i32")

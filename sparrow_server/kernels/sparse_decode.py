@@ -94,9 +94,9 @@ def _landmark_scores(lm, qs, G: tl.constexpr):
 @triton.jit
 def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
                   q_stride, qout_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, H: tl.constexpr,
-                  G: tl.constexpr,
-                  D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, NPROG: tl.constexpr, EVEN: tl.constexpr,
-                  UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr):
+                  G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, NPROG: tl.constexpr,
+                  EVEN: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr,
+                  STORE_KV: tl.constexpr):
     """Programs (b, p): request ``b``'s query heads read ``q_stride`` elements a token apart; COPY_Q: program
     (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``).
     STORE_KV (with UPDATE): the landmark's program first stores the step's key and value of every head (as the
@@ -207,10 +207,9 @@ def _score_row(qs, lm_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.const
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
-                k_stride, v_stride, vbuf_ptr, H: tl.constexpr,
-                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                UPDATE: tl.constexpr, SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr,
-                STORE_KV: tl.constexpr, SMALL: tl.constexpr,
+                k_stride, v_stride, vbuf_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                BLOCK_P: tl.constexpr, STAGES: tl.constexpr, UPDATE: tl.constexpr, SELECT: tl.constexpr,
+                HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr, SMALL: tl.constexpr,
                 MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                 TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                 FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
@@ -272,9 +271,8 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
 def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, first, HD: tl.constexpr,
                    N: tl.constexpr):
     """Elements ``[first, first + N)`` of request ``b``'s step key and value (tokens ``k_stride``, ``v_stride``
-    apart) into the
-    token-major pools' rows (``HD`` elements) at its slot. The caller then holds a block barrier before the
-    landmark update reads the slot's key back."""
+    apart) into the token-major pools' rows (``HD`` elements) at its slot. The caller then holds a block barrier
+    before the landmark update reads the slot's key back."""
     loc = tl.load(loc_ptr + b).to(tl.int64)
     e = first + tl.arange(0, N)
     tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))
@@ -357,7 +355,8 @@ def _check_step_kv(store_kv: tuple | None, k_buf: Tensor | None, cache_loc: Tens
 
 
 def _check_query_copy(q: Tensor, q_out: Tensor | None) -> None:
-    """A strided query's heads each contiguous and adjacent (a slice of a token's row), ``q_out`` its contiguous twin."""
+    """A strided query's heads each contiguous and adjacent (a slice of a token's row), ``q_out`` its contiguous
+    twin."""
     if q_out is not None:
         assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and q_out.is_contiguous() and q_out.shape == q.shape
     else:
