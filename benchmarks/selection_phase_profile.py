@@ -67,10 +67,10 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
         cnt = tl.load(cnt_ptr + b)
         s = tl.load(sink_ptr + b)
         reserved_out = out_ptr + tl.load(indptr_ptr + r)
-        K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        K.row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         t, slot, m = topk.reserved_ids(row, n, cnt, s, k, 0, PS, SMALL)
     else:
-        K._row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        K.row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         k = tl.load(k_ptr + b)
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)

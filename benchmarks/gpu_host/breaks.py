@@ -33,7 +33,7 @@ KERNELS = "sparrow_server/kernels/sparse_decode.py"
 _STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
           "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")
 # the fused row's store, then its landmark update (kv_store_after_landmark swaps them)
-_UPDATE = "        if UPDATE:\n            _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)\n"
+_UPDATE = "        if UPDATE:\n            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)\n"
 RADIX = "sparrow_server/kernels/radix.py"
 TOPK = "sparrow_server/kernels/topk.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"

@@ -1,6 +1,6 @@
 """Triton kernels of the landmarks (each page's mean key, fp32 accumulation, as ``reference.update_landmarks``):
-``update_landmarks`` after a prefill, and the pieces a decode launch folds in (``_page_mean``, every head of a page;
-``_row_update``, one KV head's, where the step's slot completes its page). Re-exported by ``sparse_decode``.
+``update_landmarks`` after a prefill, and the pieces a decode launch folds in (``page_mean``, every head of a
+page; ``row_update``, one KV head's, where the step's slot completes its page). Re-exported by ``sparse_decode``.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from torch import Tensor
 
 
 @triton.jit
-def _page_mean(k_ptr, lm_ptr, loc, mask, HD: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
+def page_mean(k_ptr, lm_ptr, loc, mask, HD: tl.constexpr, PS: tl.constexpr, BLOCK: tl.constexpr):
     """Landmark (mean key, fp32 accumulation) of the page holding slot ``loc``."""
     page = loc // PS
     offs = tl.arange(0, BLOCK)
@@ -27,9 +27,9 @@ def _landmark_kernel(k_ptr, loc_ptr, lm_ptr, HD: tl.constexpr, PS: tl.constexpr,
                      BLOCK: tl.constexpr):
     loc = tl.load(loc_ptr + tl.program_id(0)).to(tl.int64)
     if ONLY_FULL:
-        _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, HD, PS, BLOCK)
+        page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, HD, PS, BLOCK)
     else:
-        _page_mean(k_ptr, lm_ptr, loc, loc >= 0, HD, PS, BLOCK)
+        page_mean(k_ptr, lm_ptr, loc, loc >= 0, HD, PS, BLOCK)
 
 
 def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool) -> None:
@@ -44,7 +44,7 @@ def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: 
 
 @triton.jit
 def _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
-    """Head ``h``'s part of ``_page_mean``: the same sums in the same order, so the same landmark."""
+    """Head ``h``'s part of ``page_mean``: the same sums in the same order, so the same landmark."""
     page = loc // PS
     d = tl.arange(0, D)
     acc = tl.zeros([D], dtype=tl.float32)
@@ -55,7 +55,7 @@ def _head_page_mean(kbuf_ptr, lm_ptr, loc, h, H: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
+def row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H: tl.constexpr, D: tl.constexpr, PS: tl.constexpr):
     """Head ``h`` of the landmark of the page request ``b``'s slot completes (the partial page is always a recent
     page, never scored)."""
     loc = tl.load(loc_ptr + b).to(tl.int64)

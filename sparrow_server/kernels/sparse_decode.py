@@ -28,7 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
-from sparrow_server.kernels.landmarks import _page_mean, _row_update, update_landmarks  # noqa: F401  (re-export)
+from sparrow_server.kernels.landmarks import page_mean, row_update, update_landmarks  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
     SELECT_ROWS, TOPK_VARIANTS, radix_bins, reserved_ids, resolve_variant, select_and_write, select_launches,
@@ -122,7 +122,7 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
                                    D)
                 tl.debug_barrier()
             loc = tl.load(loc_ptr + b).to(tl.int64)
-            _page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
+            page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
@@ -238,7 +238,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
-            _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         if SELECT:
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
@@ -246,7 +246,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
-            _row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
