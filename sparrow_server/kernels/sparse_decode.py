@@ -314,7 +314,7 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     variant = resolve_variant(variant)
     f = fields
     if q_out is not None:
-        assert copies_query(variant, q.shape[0] * landmarks.shape[1]), "the query copy is a copying variant's"
+        assert copies_query(variant), "the query copy is a copying variant's"
     if store_kv is not None:
         assert stores_kv(variant), "the K/V store is a storing variant's"
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
@@ -329,10 +329,10 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
 
-def copies_query(variant: str | None, rows: int) -> bool:
-    """Whether ``score_and_select`` over ``rows`` rows takes a query strided per token and copies it contiguous
+def copies_query(variant: str | None) -> bool:
+    """Whether ``score_and_select`` takes a query strided per token and copies it contiguous
     (``TopKVariant.copies_query``: in its fused launch, or past its rows in the split scoring's first program of
-    each request): the backend then needs no copy kernel of its own. Any batch, as of the split copy."""
+    each request): the backend then needs no copy kernel of its own, at any batch."""
     return TOPK_VARIANTS[resolve_variant(variant)].copies_query
 
 

@@ -220,7 +220,7 @@ def test_query_copy_takes_the_strided_query_and_attends_the_same(split):
     qkv = torch.randn(b, (hq + 2 * 8) * d, device="cuda").to(case.q.dtype)  # q the first hq * d of each row
     qkv[:, :hq * d] = case.q.reshape(b, -1)
     strided = qkv[:, :hq * d].view(b, hq, d)
-    assert not strided.is_contiguous() and K.copies_query("fused_qcopy_narrow", one.scores.shape[0])
+    assert not strided.is_contiguous() and K.copies_query("fused_qcopy_narrow")
     assert K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) != split
     q_out = torch.full_like(case.q, -123.25)
     n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()

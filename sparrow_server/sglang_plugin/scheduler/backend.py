@@ -115,7 +115,9 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
-        # the selection's launch stores the step's K and V itself where its variant does and the pool is plain
+        # the selection's launch copies the query for the attention, and stores the step's K and V itself where its
+        # variant does and the pool is plain: decided once here, not per layer
+        self.copies_query = K.copies_query(self.select_variant)
         self.stores_kv = K.stores_kv(self.select_variant) and plain_token_major_pool(self.token_to_kv_pool)
         # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
         self.split_eager, self.split_graph = backend_splits(self, self.page_size)
@@ -275,7 +277,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         # the attention reads a contiguous query: the selection's launch writes it where its variant copies the
         # query (no copy kernel of its own), else q.contiguous()
         q_out = None
-        if not q3.is_contiguous() and K.copies_query(self.select_variant, q3.shape[0] * self.num_kv_heads):
+        if self.copies_query and not q3.is_contiguous():
             q_out = torch.empty(q3.shape, dtype=q3.dtype, device=q3.device)
         else:
             q3 = q3.contiguous()
