@@ -163,7 +163,7 @@ def test_plugin_config_from_env():
         PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "x"})
     with pytest.raises(PluginConfigError, match="SPARROW_LANDMARK_DTYPE"):
         PluginConfig.from_env({"SPARROW_LANDMARK_DTYPE": "int8"})
-    assert PluginConfig.from_env({}).select_variant == "fused_kvstore_narrow"  # issue 24, call 36 (benchmarks/results/speed/)
+    assert PluginConfig.from_env({}).select_variant == "fused_kvstore_narrow"  # issue 24, call 36
     assert PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "v1"}).select_variant == "v1"
     with pytest.raises(PluginConfigError, match="SPARROW_SELECT_VARIANT"):
         PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "fast"})
