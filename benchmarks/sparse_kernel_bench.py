@@ -14,6 +14,9 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--batch 16 --contexts 16384,32768,33024,40960 --server-contexts 40960 --variants v1,even,hist]
   [--group 4 --kernels cuda-cores,tensor-cores]: attention on both FlashInfer decode kernels (sparse and dense
   each; the default is the one SGLang picks at that group), each kernel's sparse/dense bandwidth ratio.
+  [--kernels cuda-cores,tensor-cores,tensor-cores:nosplit,tensor-cores:split=64]: the sparse decode also at the
+  tensor-core kernel's other KV splits (no split: the one a CUDA graph can hold, as deterministic inference plans it;
+  a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
 """
 from __future__ import annotations
 
@@ -85,14 +88,35 @@ def build_pool(b: int, ctx: int, group: int):
     return case, lm
 
 
-def _build_layer(pool, ctx: int, schedule, max_context: int, ws, tensor_cores: bool = False):
-    """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer."""
+def kernel_split(name: str):
+    """The sparse decode's FlashInfer kernel and KV split named ``name``: a KERNELS key at FlashInfer's own split,
+    or ``tensor-cores:nosplit`` / ``tensor-cores:split=N`` (N pages a chunk; FlashInfer fixes a split on tensor
+    cores only)."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
+
+    kernel, _, split = name.partition(":")
+    if kernel not in KERNELS or (split and kernel != "tensor-cores"):
+        raise ValueError(f"kernel {name!r}: one of {sorted(KERNELS)}, or tensor-cores:nosplit / tensor-cores:split=N")
+    if not split:
+        return dataclasses.replace(FLASHINFER_CHOICE, use_tensor_cores=KERNELS[kernel])
+    if split == "nosplit":
+        return DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)
+    pages = split.removeprefix("split=")
+    if pages == split or not pages.isdigit() or int(pages) < 1:
+        raise ValueError(f"kernel {name!r}: split=N with N >= 1 pages a chunk, or nosplit")
+    return DecodeSplit(use_tensor_cores=True, fixed_split_size=int(pages), disable_split_kv=False)
+
+
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None):
+    """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
+    ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given)."""
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer, plan_for
 
     full, lm = pool
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
-    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, use_tensor_cores=tensor_cores)
+    split = kernel_split("cuda-cores") if split is None else split
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split)
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -134,12 +158,13 @@ def dense_attn_us(case, b: int, ctx: int, ws, tensor_cores: bool) -> float:
     return graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
 
 
-def attention_us(pool, ctx: int, schedule, max_context: int, ws, tensor_cores: bool) -> tuple[float, float]:
+def attention_us(pool, ctx: int, schedule, max_context: int, ws, split) -> tuple[float, float]:
     """(sparse, dense) FlashInfer decode of one layer on one kernel: the sparse one over the pages the
-    default selection variant picks."""
-    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, tensor_cores)
+    default selection variant picks at ``split``, the dense one on the same kernel at FlashInfer's own split."""
+    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
-    return graph_us(lambda: layer.attend(out=layer.out)), dense_attn_us(case, len(case.lengths), ctx, ws, tensor_cores)
+    dense_us = dense_attn_us(case, len(case.lengths), ctx, ws, split.use_tensor_cores)
+    return graph_us(lambda: layer.attend(out=layer.out)), dense_us
 
 
 def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:
@@ -170,7 +195,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     kv_dense = b * ctx * H * D * 2 * 2
     out.update({"bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense, "attention": {}})
     for name in kernels:
-        sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, KERNELS[name])
+        sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, kernel_split(name))
         out["attention"][name] = {
             "sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
             "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
@@ -181,11 +206,11 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
 
 def attention_summary(cases: list) -> str:
     """One line per (context, server context, kernel): sparse and dense FlashInfer decode bandwidth."""
-    lines = [f"{'context':>8} {'server':>7} {'kernel':>13} {'sparse':>7} {'TB/s':>6} {'dense':>7} {'TB/s':>6} "
+    lines = [f"{'context':>8} {'server':>7} {'kernel':>24} {'sparse':>7} {'TB/s':>6} {'dense':>7} {'TB/s':>6} "
              f"{'ratio':>6}  (us; ratio = sparse / dense bandwidth)"]
     for c in cases:
         for k, r in c["attention"].items():
-            lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {k:>13} {r['sparse_attn_us']:>7} "
+            lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {k:>24} {r['sparse_attn_us']:>7} "
                          f"{r['sparse_attn_TBps']:>6} {r['dense_attn_us']:>7} {r['dense_attn_TBps']:>6} "
                          f"{r['sparse_over_dense_bandwidth']:>6}")
     return "\n".join(lines)
@@ -223,7 +248,8 @@ def main() -> int:
     ap.add_argument("--group", type=int, default=2, help="query heads per KV head (Qwen3-1.7B 2; 4B, 8B 4)")
     ap.add_argument("--kernels", default=None,
                     help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
-                         f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP})")
+                         f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
+                         f"tensor-cores:split=N (N pages a KV chunk)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
@@ -232,8 +258,13 @@ def main() -> int:
     if bad:
         ap.error(f"--variants {bad}: not in {K.SELECT_VARIANTS}")
     kernels = (a.kernels or ("tensor-cores" if a.group >= TENSOR_CORE_GROUP else "cuda-cores")).split(",")
-    if set(kernels) - set(KERNELS) or a.group < 1:
-        ap.error(f"--kernels {a.kernels!r} / --group {a.group}: kernels of {sorted(KERNELS)}, a group >= 1")
+    if a.group < 1:
+        ap.error(f"--group {a.group}: a group >= 1")
+    for name in kernels:
+        try:
+            kernel_split(name)
+        except ValueError as exc:
+            ap.error(f"--kernels: {exc}")
     schedule = _schedule(a.schedule, a.budget_pages)
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     copy_tbps = copy_bandwidth_tbps()

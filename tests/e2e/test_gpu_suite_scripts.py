@@ -89,6 +89,28 @@ def test_gpu_scripts_import_and_answer_help_on_cpu(script):
     assert "usage" in done.stdout.lower()
 
 
+def test_kernel_bench_names_the_sparse_decode_s_kv_split():
+    """``sparse_kernel_bench.py --kernels``: each name is the FlashInfer plan the bench times (the product's
+    ``DecodeSplit``: a CUDA graph's no-split plan, a fixed split in pages), and a name FlashInfer cannot plan is
+    refused on the command line, naming it, before any GPU is touched."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
+
+    spec = importlib.util.spec_from_file_location("kernel_bench", ROOT / "benchmarks/sparse_kernel_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.kernel_split("cuda-cores") == FLASHINFER_CHOICE
+    assert bench.kernel_split("tensor-cores") == DecodeSplit(True, None, False)
+    assert bench.kernel_split("tensor-cores:nosplit") == DecodeSplit(True, None, True)
+    assert bench.kernel_split("tensor-cores:split=64").plan_kwargs() == {"fixed_split_size": 64,
+                                                                       "disable_split_kv": False}
+    for bad in ("cuda-cores:nosplit", "tensor-cores:split=0", "tensor-cores:split", "tensor-cores:64", "cpu"):
+        with pytest.raises(ValueError, match="kernel"):
+            bench.kernel_split(bad)
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sparse_kernel_bench.py"), "--kernels",
+                           "cuda-cores,tensor-cores:split=0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 2 and "tensor-cores:split=0" in done.stderr, done.stderr[-2000:]
+
+
 def test_detached_job_leaves_its_exit_status_output_and_log(tmp_path):
     """detached.sh runs a command in a copy of the tree under a session of its own; an `exit` in the command
     still leaves its status, its files under $JOB_OUT and its log, and a second job of one name is refused."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
 from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.selection import select_pages
@@ -142,20 +143,21 @@ class SparseSelection:
 
 class SparseLayer(SparseSelection):
     """Plans once (eager FlashInfer plan) and runs select + attend for one layer's pool, on the
-    kernel the server would pick (``use_tensor_cores``: FlashInfer's tensor-core decode)."""
+    kernel and KV split the server would plan (``split``: FlashInfer's CUDA-core decode and its own split unless
+    given, as outside deterministic inference at a GQA group under 4)."""
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
-                 variant: str | None = None, use_tensor_cores: bool = False):
+                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE):
         import flashinfer
 
         from sparrow_server.kernels import sparse_decode as K
 
         super().__init__(K, case, plan, landmarks, pcap, variant)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
-                                                                     use_tensor_cores=use_tensor_cores)
+                                                                     use_tensor_cores=split.use_tensor_cores)
         self.wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices, torch.from_numpy(plan.last_page_len),
                           self.g, 1, case.q.shape[2], case.page_size, data_type=case.k_buf.dtype,
-                          q_data_type=case.q.dtype)
+                          q_data_type=case.q.dtype, **split.plan_kwargs())
         self.kv = (K.per_head_kv_view(case.k_buf, case.page_size), K.per_head_kv_view(case.v_buf, case.page_size))
         self.out = torch.empty(plan.batch_size * self.h, self.g, case.q.shape[2], dtype=case.q.dtype,
                                device=case.q.device)
