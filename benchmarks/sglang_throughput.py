@@ -45,7 +45,8 @@ from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_sche
 DEC_RE = re.compile(r"Decode batch.*?#running-req: (\d+).*?gen throughput \(token/s\): ([\d.]+)")
 MAXTOK_RE = re.compile(r"max_total_num_tokens=(\d+)")
 # the sparrow backend's start-up line: the kernel its sparse plans decode on under CUDA graphs
-GRAPH_SPLIT_RE = re.compile(r"sparrow backend: .* / graph DecodeSplit\(use_tensor_cores=(True|False)")
+GRAPH_SPLIT_RE = re.compile(r"sparrow backend: .* / graph DecodeSplit\(use_tensor_cores=(True|False), "
+                            r"fixed_split_size=(\w+), disable_split_kv=(True|False)\)")
 SELECTION_RE = re.compile(r"sparrow backend: .*, selection (\w+), KV split")
 SERVER_ARGS = ["--load-format", "dummy", "--page-size", "16", "--mem-fraction-static", "0.85",
                "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--chunked-prefill-size", "16384"]
@@ -58,12 +59,15 @@ def server_decode_tok_s(log: Path, offset: int, batch: int) -> tuple[float | Non
 
 
 def sparse_decode_kernel(log_text: str) -> dict:
-    """``{"sparse_decode_kernel": "tensor-core" | "cuda-core", "select_variant": ...}`` from a sparrow
-    server's start-up line ({} for another server)."""
+    """``{"sparse_decode_kernel": "tensor-core" | "cuda-core", "graph_kv_split": "flashinfer" | "none" | "<N>
+    pages", "select_variant": ...}`` from a sparrow server's start-up line ({} for another server)."""
     m, sel = GRAPH_SPLIT_RE.search(log_text), SELECTION_RE.search(log_text)
     if not m:
         return {}
-    return {"sparse_decode_kernel": "tensor-core" if m.group(1) == "True" else "cuda-core", "select_variant": sel.group(1)}
+    cores, fixed, unsplit = m.groups()
+    split = "none" if unsplit == "True" else ("flashinfer" if fixed == "None" else f"{fixed} pages")
+    return {"sparse_decode_kernel": "tensor-core" if cores == "True" else "cuda-core", "graph_kv_split": split,
+            "select_variant": sel.group(1)}
 
 
 def pool_shortfall(max_total_tokens: int | None, context: int, gen_len: int, batch: int,

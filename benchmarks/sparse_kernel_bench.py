@@ -92,7 +92,7 @@ def kernel_split(name: str):
     """The sparse decode's FlashInfer kernel and KV split named ``name``: a KERNELS key at FlashInfer's own split,
     or ``tensor-cores:nosplit`` / ``tensor-cores:split=N`` (N pages a chunk; FlashInfer fixes a split on tensor
     cores only)."""
-    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
+    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, NO_SPLIT, DecodeSplit
 
     kernel, _, split = name.partition(":")
     if kernel not in KERNELS or (split and kernel != "tensor-cores"):
@@ -100,7 +100,7 @@ def kernel_split(name: str):
     if not split:
         return dataclasses.replace(FLASHINFER_CHOICE, use_tensor_cores=KERNELS[kernel])
     if split == "nosplit":
-        return DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)
+        return NO_SPLIT  # the served SPARROW_DECODE_SPLIT=tensor-cores:nosplit
     pages = split.removeprefix("split=")
     if pages == split or not pages.isdigit() or int(pages) < 1:
         raise ValueError(f"kernel {name!r}: split=N with N >= 1 pages a chunk, or nosplit")

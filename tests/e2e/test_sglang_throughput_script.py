@@ -80,14 +80,21 @@ def test_back_to_back_the_second_backend_runs_what_the_first_measured(monkeypatc
 
 
 def test_the_json_names_the_kernel_the_sparse_plans_decode_on():
-    """Kernel and selection variant, read from the backend's start-up line (call 21's Qwen3-4B ran on CUDA
-    cores: that line, verbatim)."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT
+
+    """Kernel, graph KV split and selection variant, read from the backend's start-up line (call 21's Qwen3-4B
+    ran on CUDA cores: that line, verbatim)."""
     T = _bench()
     log = (ROOT / "benchmarks/results/speed/call21/rolloutA_4b/server-qwen3-4b-sparrow.log").read_text()
-    assert T.sparse_decode_kernel(log) == {"sparse_decode_kernel": "cuda-core", "select_variant": "even"}
+    assert T.sparse_decode_kernel(log) == {"sparse_decode_kernel": "cuda-core", "graph_kv_split": "flashinfer",
+                                           "select_variant": "even"}
     tensor = log.replace("/ graph DecodeSplit(use_tensor_cores=False", "/ graph DecodeSplit(use_tensor_cores=True")
     tensor = tensor.replace(", selection even, KV split", ", selection fine_hist64, KV split")
-    assert T.sparse_decode_kernel(tensor) == {"sparse_decode_kernel": "tensor-core", "select_variant": "fine_hist64"}
+    assert T.sparse_decode_kernel(tensor) == {"sparse_decode_kernel": "tensor-core", "graph_kv_split": "flashinfer",
+                                              "select_variant": "fine_hist64"}
+    graph = "/ graph DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=False)"
+    unsplit = tensor.replace(graph, f"/ graph {NO_SPLIT}")  # SPARROW_DECODE_SPLIT=tensor-cores:nosplit, as logged
+    assert T.sparse_decode_kernel(unsplit)["graph_kv_split"] == "none"
     dense = (ROOT / "benchmarks/results/speed/call21/rolloutA_4b/server-qwen3-4b-flashinfer.log").read_text()
     assert T.sparse_decode_kernel(dense) == {}
 
