@@ -100,7 +100,7 @@ def kernel_split(name: str):
     if not split:
         return dataclasses.replace(FLASHINFER_CHOICE, use_tensor_cores=KERNELS[kernel])
     if split == "nosplit":
-        return NO_SPLIT  # the served SPARROW_DECODE_SPLIT=tensor-cores:nosplit
+        return NO_SPLIT  # deterministic inference's plan under CUDA graphs
     pages = split.removeprefix("split=")
     if pages == split or not pages.isdigit() or int(pages) < 1:
         raise ValueError(f"kernel {name!r}: split=N with N >= 1 pages a chunk, or nosplit")

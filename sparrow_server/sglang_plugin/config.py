@@ -23,11 +23,6 @@ ENV_SCHEDULE_DIR = "SPARROW_SCHEDULE_DIR"
 ENV_TOPK_CAP_TOKENS = "SPARROW_TOPK_CAP_TOKENS"
 ENV_LANDMARK_DTYPE = "SPARROW_LANDMARK_DTYPE"
 ENV_SELECT_VARIANT = "SPARROW_SELECT_VARIANT"  # the selection kernels (``sparrow_server.kernels``)
-# The sparse decode's FlashInfer kernel and KV split (``scheduler/determinism.py``): SGLang's dense-decode kernel at
-# FlashInfer's own split (or deterministic inference's policy), or the tensor-core decode unsplit in every mode (the
-# plan a CUDA graph can hold; batch-invariant), whose per-layer cost ``benchmarks/sparse_kernel_bench.py --kernels``
-# measures against the default.
-ENV_DECODE_SPLIT = "SPARROW_DECODE_SPLIT"
 # Exact acceptance on a subsample (issue 25): every s-th generated position of a verified request
 # (0: off, the top-k lower bound only), and the scheduler's memory for the kept rows.
 ENV_EXACT_STRIDE = "SPARROW_EXACT_STRIDE"
@@ -39,8 +34,6 @@ DEFAULT_SCHEDULE = "dense"
 # there is no cap beyond the context length.
 DEFAULT_TOPK_CAP_TOKENS = 1 << 20
 DEFAULT_LANDMARK_DTYPE = "bfloat16"
-DECODE_SPLITS = ("sglang", "tensor-cores:nosplit")
-DEFAULT_DECODE_SPLIT = "sglang"
 LANDMARK_DTYPES = ("bfloat16", "float32")
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
@@ -73,7 +66,6 @@ class PluginConfig:
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
     select_variant: str = DEFAULT_SELECT_VARIANT
-    decode_split: str = DEFAULT_DECODE_SPLIT
     exact_stride: int = DEFAULT_EXACT_STRIDE
     exact_max_mib: int = DEFAULT_EXACT_MAX_MIB
 
@@ -105,9 +97,6 @@ class PluginConfig:
         variant = env.get(ENV_SELECT_VARIANT, DEFAULT_SELECT_VARIANT)
         if variant not in SELECT_VARIANTS:
             raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
-        split = env.get(ENV_DECODE_SPLIT, DEFAULT_DECODE_SPLIT)
-        if split not in DECODE_SPLITS:
-            raise PluginConfigError(ENV_DECODE_SPLIT, split, f"must be one of {list(DECODE_SPLITS)}")
         return cls(
             exact_stride=_int_env(env, ENV_EXACT_STRIDE, DEFAULT_EXACT_STRIDE, 0),
             exact_max_mib=_int_env(env, ENV_EXACT_MAX_MIB, DEFAULT_EXACT_MAX_MIB, 0),
@@ -116,5 +105,4 @@ class PluginConfig:
             topk_cap_tokens=cap,
             landmark_dtype=dtype,
             select_variant=variant,
-            decode_split=split,
         )

@@ -93,7 +93,7 @@ def test_the_json_names_the_kernel_the_sparse_plans_decode_on():
     assert T.sparse_decode_kernel(tensor) == {"sparse_decode_kernel": "tensor-core", "graph_kv_split": "flashinfer",
                                               "select_variant": "fine_hist64"}
     graph = "/ graph DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=False)"
-    unsplit = tensor.replace(graph, f"/ graph {NO_SPLIT}")  # SPARROW_DECODE_SPLIT=tensor-cores:nosplit, as logged
+    unsplit = tensor.replace(graph, f"/ graph {NO_SPLIT}")  # deterministic inference's graph plan, as logged
     assert T.sparse_decode_kernel(unsplit)["graph_kv_split"] == "none"
     dense = (ROOT / "benchmarks/results/speed/call21/rolloutA_4b/server-qwen3-4b-flashinfer.log").read_text()
     assert T.sparse_decode_kernel(dense) == {}

@@ -64,16 +64,6 @@ def test_backend_splits_read_what_sglang_s_flashinfer_backend_set():
     assert D.backend_splits(object(), PS) == (D.FLASHINFER_CHOICE, D.FLASHINFER_CHOICE)  # an SGLang without the mode
 
 
-def test_the_unsplit_tensor_core_decode_is_chosen_in_every_mode():
-    """``SPARROW_DECODE_SPLIT=tensor-cores:nosplit``: eager and graph plans unsplit on tensor cores whatever SGLang
-    set, so deterministic inference stays batch-invariant with it."""
-    for backend in (types.SimpleNamespace(enable_deterministic=False, decode_split_tile_size=None),
-                    types.SimpleNamespace(enable_deterministic=True, decode_split_tile_size=4096)):
-        eager, graph = D.backend_splits(backend, PS, "tensor-cores:nosplit")
-        assert eager == graph == D.DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=True)
-        assert eager.batch_invariant and eager.plan_kwargs() == {"fixed_split_size": None, "disable_split_kv": True}
-
-
 def _batches():
     """Batches holding X at different places, with requests of other schedules and lengths (long dense
     rows among them), and CUDA-graph padding lanes (the backend plans them dense at length 1)."""

@@ -165,11 +165,6 @@ def test_plugin_config_from_env():
         PluginConfig.from_env({"SPARROW_LANDMARK_DTYPE": "int8"})
     assert PluginConfig.from_env({}).select_variant == "fused_kvstore_narrow"  # issue 24, call 36
     assert PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "v1"}).select_variant == "v1"
-    assert PluginConfig.from_env({}).decode_split == "sglang"
-    unsplit = {"SPARROW_DECODE_SPLIT": "tensor-cores:nosplit"}
-    assert PluginConfig.from_env(unsplit).decode_split == "tensor-cores:nosplit"
-    with pytest.raises(PluginConfigError, match="SPARROW_DECODE_SPLIT='tensor-cores:split=64'"):
-        PluginConfig.from_env({"SPARROW_DECODE_SPLIT": "tensor-cores:split=64"})  # no fixed split under CUDA graphs
     with pytest.raises(PluginConfigError, match="SPARROW_SELECT_VARIANT"):
         PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "fast"})
 

@@ -120,7 +120,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.copies_query = K.copies_query(self.select_variant)
         self.stores_kv = K.stores_kv(self.select_variant) and plain_token_major_pool(self.token_to_kv_pool)
         # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
-        self.split_eager, self.split_graph = backend_splits(self, self.page_size, cfg.decode_split)
+        self.split_eager, self.split_graph = backend_splits(self, self.page_size)
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)

@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
-from sparrow_server.sglang_plugin.config import BACKEND_NAME, DEFAULT_DECODE_SPLIT
+from sparrow_server.sglang_plugin.config import BACKEND_NAME
 
 ENV_DECODE_SPLIT_TILE = "SGLANG_FLASHINFER_DECODE_SPLIT_TILE_SIZE"    # SGLang's, read by its backend
 ENV_PREFILL_SPLIT_TILE = "SGLANG_FLASHINFER_PREFILL_SPLIT_TILE_SIZE"  # SGLang's, read by its scheduler
@@ -98,16 +98,10 @@ def decode_split(deterministic: bool, graph: bool, split_tile_tokens: int | None
     return DecodeSplit(use_tensor_cores=True, fixed_split_size=math.ceil(tokens / page_size), disable_split_kv=False)
 
 
-def backend_splits(backend: Any, page_size: int,
-                   choice: str = DEFAULT_DECODE_SPLIT) -> tuple[DecodeSplit, DecodeSplit]:
+def backend_splits(backend: Any, page_size: int) -> tuple[DecodeSplit, DecodeSplit]:
     """(eager, graph) splits of a backend built on SGLang's ``FlashInferAttnBackend``, from what its
     ``__init__`` set: ``enable_deterministic``, ``decode_split_tile_size`` (absent: not deterministic) and
-    ``decode_use_tensor_cores`` (absent: CUDA-core decode); or, with ``choice`` ``tensor-cores:nosplit``
-    (``config.DECODE_SPLITS``), the unsplit tensor-core decode in every mode (batch-invariant, so
-    deterministic inference keeps its guarantee)."""
-    if choice == "tensor-cores:nosplit":
-        return NO_SPLIT, NO_SPLIT
-    assert choice == DEFAULT_DECODE_SPLIT, choice  # PluginConfig.from_env refused any other
+    ``decode_use_tensor_cores`` (absent: CUDA-core decode)."""
     deterministic = bool(getattr(backend, "enable_deterministic", False))
     tile = getattr(backend, "decode_split_tile_size", None)
     cores = bool(getattr(backend, "decode_use_tensor_cores", False))
