@@ -58,5 +58,6 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # ``fused_kvstore_narrow`` (calls 35-36, H200, benchmarks/results/speed/call36/): the same selection, storing the
 # step's K and V itself, so the backend skips ``set_kv_buffer``'s store kernel on a plain pool; served decode at 32K
 # on the same two cards, dense and sparse at once: sparse 2854.3 vs 2831.8 tok/s at batch 16 (+0.8%), 3528.1 vs
-# 3526.0 at batch 34 (+0.1%); one H200 alone at batch 16: 2828.1 vs 2801.8 (+0.9%).
+# 3526.0 at batch 34 (+0.1%); in the other order on another host 2827.2 vs 2804.3 (+0.8%) and 3462.4 vs 3472.3
+# (-0.3%); one H200 alone at batch 16: 2828.1 vs 2801.8 (+0.9%).
 DEFAULT_SELECT_VARIANT = "fused_kvstore_narrow"
