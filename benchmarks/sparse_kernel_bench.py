@@ -92,13 +92,13 @@ def kernel_split(name: str):
     """The sparse decode's FlashInfer kernel and KV split named ``name``: a KERNELS key at FlashInfer's own split,
     or ``tensor-cores:nosplit`` / ``tensor-cores:split=N`` (N pages a chunk; FlashInfer fixes a split on tensor
     cores only)."""
-    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, NO_SPLIT, DecodeSplit
+    from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT, DecodeSplit, decode_split
 
     kernel, _, split = name.partition(":")
     if kernel not in KERNELS or (split and kernel != "tensor-cores"):
         raise ValueError(f"kernel {name!r}: one of {sorted(KERNELS)}, or tensor-cores:nosplit / tensor-cores:split=N")
-    if not split:
-        return dataclasses.replace(FLASHINFER_CHOICE, use_tensor_cores=KERNELS[kernel])
+    if not split:  # the server's plan on that kernel outside deterministic inference
+        return decode_split(False, True, None, PS, tensor_cores=KERNELS[kernel])
     if split == "nosplit":
         return NO_SPLIT  # deterministic inference's plan under CUDA graphs
     pages = split.removeprefix("split=")
