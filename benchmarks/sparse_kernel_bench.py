@@ -17,6 +17,8 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--kernels cuda-cores,tensor-cores,tensor-cores:nosplit,tensor-cores:split=64]: the sparse decode also at the
   tensor-core kernel's other KV splits (no split: the one a CUDA graph can hold, as deterministic inference plans it;
   a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
+  [--kernels cuda-cores,xqa,xqa:split=8]: the sparse decode also on FlashInfer's XQA kernel (its CTAs a row XQA's
+  own choice, or N), against the CUDA-core dense decode; its output's largest difference from the default kernel's.
 """
 from __future__ import annotations
 
@@ -107,6 +109,25 @@ def kernel_split(name: str):
     return DecodeSplit(use_tensor_cores=True, fixed_split_size=int(pages), disable_split_kv=False)
 
 
+def xqa_sub_seqs(name: str) -> int | None:
+    """CTAs a row of the XQA kernel named ``name``: ``xqa`` (None: XQA's own count) or ``xqa:split=N``."""
+    split = name.partition(":")[2]
+    if not split:
+        return None
+    n = split.removeprefix("split=")
+    if n == split or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"kernel {name!r}: xqa or xqa:split=N with N >= 1 CTAs a row")
+    return int(n)
+
+
+def check_kernel(name: str) -> None:
+    """Raises ValueError unless ``name`` is a kernel --kernels takes."""
+    if name.partition(":")[0] == "xqa":
+        xqa_sub_seqs(name)
+    else:
+        kernel_split(name)
+
+
 def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
     ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given)."""
@@ -167,6 +188,27 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, split) -> tuple
     return graph_us(lambda: layer.attend(out=layer.out)), dense_us
 
 
+def xqa_attention(pool, ctx: int, schedule, max_context: int, ws, sub_seqs) -> tuple[float, float, float]:
+    """(sparse us, dense us, largest |difference| from the default kernel's output) of XQA over the pages the
+    default selection picks; the dense decode on the kernel SGLang picks at the group."""
+    from sparrow_server.sglang_plugin.scheduler import xqa_decode
+
+    case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
+    layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
+    want = layer.attend().clone()
+    indptr = torch.from_numpy(plan.row_indptr).to("cuda")
+    table = xqa_decode.block_table(layer.indices, indptr, int(plan.count.max()))
+    lens = xqa_decode.seq_lens(indptr, torch.from_numpy(plan.last_page_len).to("cuda"), PS)
+    xqa = xqa_decode.XqaDecode(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), PS, sub_seqs)
+    q = case.q.view(-1, layer.g, D)
+    out = torch.empty_like(want)
+    run = lambda: xqa.run(q, layer.kv, table, lens, 1 / math.sqrt(D), out)
+    run()
+    diff = float((out.float() - want.float()).abs().max())
+    tensor_cores = layer.g >= TENSOR_CORE_GROUP  # the served dense layers' kernel at this group
+    return graph_us(run), dense_attn_us(case, len(case.lengths), ctx, ws, tensor_cores), diff
+
+
 def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:
     """One layer at ``ctx`` tokens x the pool's requests on a server whose context length is ``max_context``."""
     case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
@@ -195,8 +237,17 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     kv_dense = b * ctx * H * D * 2 * 2
     out.update({"bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense, "attention": {}})
     for name in kernels:
-        sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, kernel_split(name))
-        out["attention"][name] = {
+        extra = {}
+        if name.partition(":")[0] == "xqa":
+            try:  # a JIT build the host cannot make: recorded, the other kernels still timed
+                sparse_us, dense_us, diff = xqa_attention(pool, ctx, schedule, max_context, ws, xqa_sub_seqs(name))
+            except Exception as exc:
+                out["attention"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                continue
+            extra = {"max_abs_diff_from_default_kernel": round(diff, 5)}
+        else:
+            sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, kernel_split(name))
+        out["attention"][name] = {**extra,
             "sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
             "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
             "sparse_attn_over_copy": round(tbps(kv_sel, sparse_us) / copy_tbps, 2),
@@ -210,6 +261,9 @@ def attention_summary(cases: list) -> str:
              f"{'ratio':>6}  (us; ratio = sparse / dense bandwidth)"]
     for c in cases:
         for k, r in c["attention"].items():
+            if "error" in r:
+                lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {k:>24} ERROR {r['error'][:200]}")
+                continue
             lines.append(f"{c['context']:>8} {c['server_context_length']:>7} {k:>24} {r['sparse_attn_us']:>7} "
                          f"{r['sparse_attn_TBps']:>6} {r['dense_attn_us']:>7} {r['dense_attn_TBps']:>6} "
                          f"{r['sparse_over_dense_bandwidth']:>6}")
@@ -249,7 +303,7 @@ def main() -> int:
     ap.add_argument("--kernels", default=None,
                     help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
-                         f"tensor-cores:split=N (N pages a KV chunk)")
+                         f"tensor-cores:split=N (N pages a KV chunk), xqa, xqa:split=N (N CTAs a row)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
@@ -262,7 +316,7 @@ def main() -> int:
         ap.error(f"--group {a.group}: a group >= 1")
     for name in kernels:
         try:
-            kernel_split(name)
+            check_kernel(name)
         except ValueError as exc:
             ap.error(f"--kernels: {exc}")
     schedule = _schedule(a.schedule, a.budget_pages)
@@ -286,6 +340,9 @@ def main() -> int:
     print(f"{result['gpu']}: copy {copy_tbps} TB/s\n{summary(result['cases'], a.target)}\n"
           f"{attention_summary(result['cases'])}", flush=True)
     runs = [r for c in result["cases"] for r in c["variants"].values()]
+    if any("error" in r for c in result["cases"] for r in c["attention"].values()):
+        print("ERROR: a kernel failed (its 'error' in the JSON)", flush=True)
+        return 1
     if any("error" in r for r in runs):
         print("ERROR: a variant failed (its 'error' in the JSON)", flush=True)
     if not all(r.get("same_indices", True) for r in runs):

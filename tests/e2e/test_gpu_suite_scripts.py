@@ -106,8 +106,12 @@ def test_kernel_bench_names_the_sparse_decode_s_kv_split():
     for bad in ("cuda-cores:nosplit", "tensor-cores:split=0", "tensor-cores:split", "tensor-cores:64", "cpu"):
         with pytest.raises(ValueError, match="kernel"):
             bench.kernel_split(bad)
+    assert bench.xqa_sub_seqs("xqa") is None and bench.xqa_sub_seqs("xqa:split=8") == 8
+    for bad in ("xqa:split=0", "xqa:8", "xqa:nosplit", "cpu"):
+        with pytest.raises(ValueError, match="kernel"):
+            bench.check_kernel(bad)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sparse_kernel_bench.py"), "--kernels",
-                           "cuda-cores,tensor-cores:split=0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+                           "cuda-cores,xqa,tensor-cores:split=0"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 2 and "tensor-cores:split=0" in done.stderr, done.stderr[-2000:]
 
 
