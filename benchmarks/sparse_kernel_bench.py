@@ -17,6 +17,8 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--kernels cuda-cores,tensor-cores,tensor-cores:nosplit,tensor-cores:split=64]: the sparse decode also at the
   tensor-core kernel's other KV splits (no split: the one a CUDA graph can hold, as deterministic inference plans it;
   a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
+  [--kernels cuda-cores,tensor-cores:parts=4:fp32]: each row's pages as 4 sub-rows, each attended unsplit on tensor
+  cores, their partial states (float32 outputs; bfloat16 without :fp32) merged by ``kernels.merge``.
   [--kernels cuda-cores,xqa,xqa:split=8]: the sparse decode also on FlashInfer's XQA kernel (its CTAs a row XQA's
   own choice, or N), against the CUDA-core dense decode; its output's largest difference from the default kernel's.
 """
@@ -93,20 +95,34 @@ def build_pool(b: int, ctx: int, group: int):
 def kernel_split(name: str):
     """The sparse decode's FlashInfer kernel and KV split named ``name``: a KERNELS key at FlashInfer's own split,
     or ``tensor-cores:nosplit`` / ``tensor-cores:split=N`` (N pages a chunk; FlashInfer fixes a split on tensor
-    cores only)."""
+    cores only), or ``tensor-cores:parts=N[:fp32]`` (each row as N sub-rows, unsplit, merged: ``kernel_parts``)."""
     from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT, DecodeSplit, decode_split
 
     kernel, _, split = name.partition(":")
     if kernel not in KERNELS or (split and kernel != "tensor-cores"):
-        raise ValueError(f"kernel {name!r}: one of {sorted(KERNELS)}, or tensor-cores:nosplit / tensor-cores:split=N")
+        raise ValueError(f"kernel {name!r}: one of {sorted(KERNELS)}, or tensor-cores:nosplit / tensor-cores:split=N "
+                         f"/ tensor-cores:parts=N[:fp32]")
     if not split:  # the server's plan on that kernel outside deterministic inference
         return decode_split(False, True, None, PS, tensor_cores=KERNELS[kernel])
-    if split == "nosplit":
-        return NO_SPLIT  # deterministic inference's plan under CUDA graphs
+    if split == "nosplit" or split.startswith("parts="):
+        kernel_parts(name)
+        return NO_SPLIT  # deterministic inference's plan under CUDA graphs; sub-rows each unsplit
     pages = split.removeprefix("split=")
     if pages == split or not pages.isdigit() or int(pages) < 1:
         raise ValueError(f"kernel {name!r}: split=N with N >= 1 pages a chunk, or nosplit")
     return DecodeSplit(use_tensor_cores=True, fixed_split_size=int(pages), disable_split_kv=False)
+
+
+def kernel_parts(name: str) -> tuple[int, torch.dtype | None]:
+    """(sub-rows a row, their outputs' dtype: None for the query's) of the kernel named ``name``: (1, None) but
+    for ``tensor-cores:parts=N`` (N >= 2) and ``tensor-cores:parts=N:fp32`` (float32 partial outputs)."""
+    _, _, split = name.partition(":")
+    if not split.startswith("parts="):
+        return 1, None
+    parts, _, dtype = split.removeprefix("parts=").partition(":")
+    if not parts.isdigit() or int(parts) < 2 or dtype not in ("", "fp32"):
+        raise ValueError(f"kernel {name!r}: tensor-cores:parts=N with N >= 2 sub-rows a row, then :fp32 or nothing")
+    return int(parts), torch.float32 if dtype else None
 
 
 def xqa_sub_seqs(name: str) -> int | None:
@@ -128,16 +144,18 @@ def check_kernel(name: str) -> None:
         kernel_split(name)
 
 
-def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None):
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts=(1, None)):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
-    ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given)."""
+    ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given;
+    ``parts``: a ``kernel_parts``)."""
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer, plan_for
 
     full, lm = pool
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
     split = kernel_split("cuda-cores") if split is None else split
-    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split)
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts[0],
+                                   partial_dtype=parts[1])
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -179,13 +197,20 @@ def dense_attn_us(case, b: int, ctx: int, ws, tensor_cores: bool) -> float:
     return graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
 
 
-def attention_us(pool, ctx: int, schedule, max_context: int, ws, split) -> tuple[float, float]:
-    """(sparse, dense) FlashInfer decode of one layer on one kernel: the sparse one over the pages the
-    default selection variant picks at ``split``, the dense one on the same kernel at FlashInfer's own split."""
-    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split)
+def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str) -> tuple[float, float, float | None]:
+    """(sparse us, dense us, sub-rows: largest |difference| from the default kernel's output) of FlashInfer decode
+    of one layer on the kernel ``name``: the sparse one over the pages the default selection variant picks, the dense
+    one on the same kernel at FlashInfer's own split."""
+    split, parts = kernel_split(name), kernel_parts(name)
+    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split, parts)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
+    diff = None
+    if parts[0] > 1:
+        want = _build_layer(pool, ctx, schedule, max_context, ws)[2]
+        want.indices.copy_(layer.indices)
+        diff = float((layer.attend().float() - want.attend().float()).abs().max())
     dense_us = dense_attn_us(case, len(case.lengths), ctx, ws, split.use_tensor_cores)
-    return graph_us(lambda: layer.attend(out=layer.out)), dense_us
+    return graph_us(lambda: layer.attend(out=layer.out)), dense_us, diff
 
 
 def xqa_attention(pool, ctx: int, schedule, max_context: int, ws, sub_seqs) -> tuple[float, float, float]:
@@ -238,15 +263,16 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     out.update({"bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense, "attention": {}})
     for name in kernels:
         extra = {}
-        if name.partition(":")[0] == "xqa":
-            try:  # a JIT build the host cannot make: recorded, the other kernels still timed
+        try:  # a JIT build the host cannot make: recorded, the other kernels still timed
+            if name.partition(":")[0] == "xqa":
                 sparse_us, dense_us, diff = xqa_attention(pool, ctx, schedule, max_context, ws, xqa_sub_seqs(name))
-            except Exception as exc:
-                out["attention"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-                continue
+            else:
+                sparse_us, dense_us, diff = attention_us(pool, ctx, schedule, max_context, ws, name)
+        except Exception as exc:
+            out["attention"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            continue
+        if diff is not None:
             extra = {"max_abs_diff_from_default_kernel": round(diff, 5)}
-        else:
-            sparse_us, dense_us = attention_us(pool, ctx, schedule, max_context, ws, kernel_split(name))
         out["attention"][name] = {**extra,
             "sparse_attn_us": round(sparse_us, 1), "dense_attn_us": round(dense_us, 1),
             "sparse_attn_TBps": tbps(kv_sel, sparse_us), "dense_attn_TBps": tbps(kv_dense, dense_us),
@@ -303,7 +329,9 @@ def main() -> int:
     ap.add_argument("--kernels", default=None,
                     help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
-                         f"tensor-cores:split=N (N pages a KV chunk), xqa, xqa:split=N (N CTAs a row)")
+                         f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N[:fp32] (N sub-rows a row, "
+                         f"merged), "
+                         f"xqa, xqa:split=N (N CTAs a row)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()

@@ -47,6 +47,7 @@ EXACT_VERIFY = "sparrow_server/sglang_plugin/scheduler/exact_verify.py"
 DETERMINISTIC = "tests/gpu/test_deterministic.py"
 GROUPED = "tests/gpu/test_grouped_query_heads.py"
 KERNEL_TESTS = "tests/gpu/test_sparse_kernels.py"
+MERGE = "sparrow_server/kernels/merge.py"
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,12 @@ class Break:
 
 
 BREAKS = (
+    Break("merge_natural_log", "sub-row states weighted as if their log-sum-exps were natural (FlashInfer's: base 2)",
+          MERGE, "w = tl.exp2(", "w = tl.exp(",
+          (f"{KERNEL_TESTS}::test_sub_rows_merged_equal_the_sparse_layer",)),
+    Break("sub_rows_last_page_full", "every sub-row's last page taken as full (the row's partial last page over-read)",
+          PLANNING, "sub_last[:, -1] = last_page_len", "sub_last[:, -1] = page_size",
+          (f"{KERNEL_TESTS}::test_sub_rows_merged_equal_the_sparse_layer",)),
     Break("schedule_from_wrong_row", "each request planned with the schedule of the batch row before it",
           BACKEND, "schedules = [self.table.schedule_of(int(r)) for r in rows]",
           "schedules = [self.table.schedule_of(int(r)) for r in np.roll(rows, 1)]",

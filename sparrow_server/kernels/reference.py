@@ -6,6 +6,8 @@ size, ``N`` KV slots in the pool (a multiple of ``ps``), ``R`` KV rows, ``Pcap``
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -79,3 +81,12 @@ def per_head_kv_view(buf: Tensor, page_size: int) -> Tensor:
     """
     n, h, d = buf.shape
     return buf.as_strided(((n - page_size + 1) * h, page_size, 1, d), (d, h * d, d, 1))
+
+
+def merge_parts(v: Tensor, s: Tensor, parts: int) -> Tensor:
+    """``merge.merge_parts``'s reference: [rows * parts, G, D] outputs and base-2 log-sum-exps -> [rows, G, D]
+    float32, each row's sub-rows weighted by 2 ** lse (the softmax over the union of their keys)."""
+    g, d = v.shape[1:]
+    v, s = v.float().view(-1, parts, g, d), s.float().view(-1, parts, g)
+    w = torch.softmax(s * math.log(2.0), dim=1)  # 2 ** s / sum 2 ** s
+    return (w[..., None] * v).sum(dim=1)

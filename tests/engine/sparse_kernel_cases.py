@@ -9,6 +9,7 @@ with ``TRITON_INTERPRET=1``, which must be set before triton is first imported. 
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import replace
 
@@ -533,3 +534,39 @@ def test_the_phase_profile_mirrors_the_fused_launch(K, variant, candidates):
     stamps = torch.zeros(sel.scores.shape[0], P.STAMPS, 2, dtype=torch.int64)
     P.stamped_launch(sel, loc, stamps, variant, P.tier(candidates, variant), stamp=False)
     assert torch.equal(sel.indices, want) and (want > 0).all()
+
+
+def _partial_states(q, k, v, parts):
+    """Attention of each query over ``parts`` consecutive slices of the keys (the last slice may be empty):
+    outputs [parts, G, D] and base-2 log-sum-exps [parts, G] of the scaled logits, as FlashInfer returns them."""
+    logits = q @ k.T / math.sqrt(q.shape[-1])  # [G, L]
+    bounds = [c * (k.shape[0] - 1) // parts for c in range(parts)] + [k.shape[0]]
+    outs, lses = [], []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if lo == hi:
+            outs.append(torch.zeros(q.shape)), lses.append(torch.full(q.shape[:1], float("-inf")))
+            continue
+        outs.append(torch.softmax(logits[:, lo:hi], dim=-1) @ v[lo:hi])
+        lses.append(torch.logsumexp(logits[:, lo:hi], dim=-1) / math.log(2.0))
+    return torch.stack(outs), torch.stack(lses), torch.softmax(logits, dim=-1) @ v
+
+
+@pytest.mark.parametrize("group", [2, 3])
+def test_merge_of_sub_rows_is_the_attention_over_their_union(group):
+    """``kernels.merge``: sub-row states merged by their base-2 log-sum-exps are the row's attention over all its
+    keys (an empty sub-row weighs nothing; a group of 3 pads the kernel's head block), as the reference says."""
+    from sparrow_server.kernels.merge import merge_parts
+
+    g = torch.Generator().manual_seed(group)
+    rows, parts, d = 3, 4, 16
+    v_parts, s_parts, want = [], [], []
+    for length in (9, 40, 3):  # 3 keys: one sub-row gets none
+        q, k, v = (torch.randn(n, d, generator=g) * 2 for n in (group, length, length))
+        o, s, full = _partial_states(q, k, v, parts)
+        v_parts.append(o), s_parts.append(s), want.append(full)
+    v_parts, s_parts = torch.cat(v_parts).contiguous(), torch.cat(s_parts).contiguous()
+    assert torch.isinf(s_parts).any()
+    out = merge_parts(v_parts, s_parts, parts, torch.empty(rows, group, d, dtype=torch.bfloat16))
+    want = torch.stack(want)
+    assert torch.allclose(R.merge_parts(v_parts, s_parts, parts), want, atol=1e-5)
+    assert torch.allclose(out.float(), want, atol=2e-2, rtol=1e-2), (out.float() - want).abs().max()

@@ -199,3 +199,25 @@ def test_schedule_from_extra_key_and_request_fallbacks(caplog):
     assert got.name == "qwen3-4b-0.86"  # custom_params wins
     assert resolve_request_schedule(req({"sparrow_schedule": "nope"}, None), reg, default) is default
     assert resolve_request_schedule(req(None, None), reg, default) is default
+
+
+def test_split_rows_covers_each_row_evenly_and_ends_on_its_last_page():
+    """``split_rows``: sub-rows tile each row's pages in order (loads differ by at most a page), the last sub-row of a
+    row ends on the row's last page with its length, the others are full, an empty sub-row holds 0 tokens."""
+    from sparrow_server.sglang_plugin.scheduler.planning import split_rows
+
+    row_indptr = np.array([0, 256, 259, 259 + 130, 259 + 131], dtype=np.int32)  # 256, 3, 130, 1 pages
+    last = np.array([16, 4, 9, 1], dtype=np.int32)
+    sub, sub_last = split_rows(row_indptr, last, 4, 16)
+    assert sub.dtype == np.int32 and sub.shape == (17,) and sub_last.shape == (16,)
+    assert sub[0] == 0 and sub[-1] == row_indptr[-1] and (np.diff(sub) >= 0).all()
+    for r in range(4):
+        pages = np.diff(sub[4 * r:4 * r + 5])
+        assert sub[4 * r] == row_indptr[r] and sub[4 * r + 4] == row_indptr[r + 1]
+        assert pages.max() - pages.min() <= 1
+        assert sub_last[4 * r + 3] == last[r] and (sub_last[4 * r:4 * r + 3] == 16).all()
+    tokens = (np.diff(sub).astype(np.int64) - 1) * 16 + sub_last
+    assert tokens.reshape(4, 4).sum(axis=1).tolist() == [256 * 16, 2 * 16 + 4, 129 * 16 + 9, 1]
+    assert (tokens == 0).sum() == 4  # the 3-page row's one and the 1-page row's three: 0 tokens each
+    with pytest.raises(ValueError, match="parts=0"):
+        split_rows(row_indptr, last, 0, 16)

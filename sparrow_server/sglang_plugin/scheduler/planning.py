@@ -158,6 +158,24 @@ def rank_plan(plan: StepPlan, heads: Sequence[int]) -> StepPlan:
     return replace(plan, num_kv_heads=int(heads.size), row_indptr=row_indptr, last_page_len=plan.last_page_len[rows])
 
 
+def split_rows(row_indptr: np.ndarray, last_page_len: np.ndarray, parts: int,
+               page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's pages as ``parts`` sub-rows of the same index buffer, for a decode that attends the sub-rows on
+    their own and merges them (``kernels.merge``): (sub-row pointers [rows * parts + 1], last-page lengths
+    [rows * parts]). Sub-row ``r * parts + c`` holds pages ``[c * n // parts, (c + 1) * n // parts)`` of row ``r``'s
+    ``n``: even loads, and the last sub-row always ends on the row's last page, so the lengths depend on the
+    rows' lengths only, not on their counts. A sub-row with no page (``n < parts``) gets a full last page: 0 tokens."""
+    if parts < 1:
+        raise ValueError(f"parts={parts}: must be >= 1")
+    start = row_indptr[:-1].astype(np.int64)[:, None]
+    n = np.diff(row_indptr.astype(np.int64))[:, None]
+    bounds = start + (np.arange(parts + 1)[None, :] * n) // parts  # [rows, parts + 1]
+    sub_indptr = np.concatenate([bounds[:, :-1].ravel(), row_indptr[-1:]]).astype(np.int32)
+    sub_last = np.full((len(n), parts), page_size, dtype=np.int32)
+    sub_last[:, -1] = last_page_len
+    return sub_indptr, sub_last.ravel()
+
+
 def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]]:
     """Reference of what the GPU index writer produces, per row, as logical page numbers.
 

@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
-from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step
+from sparrow_server.sglang_plugin.scheduler.planning import (REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step,
+                                                           split_rows)
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.selection import select_pages
 
@@ -144,30 +145,59 @@ class SparseSelection:
 class SparseLayer(SparseSelection):
     """Plans once (eager FlashInfer plan) and runs select + attend for one layer's pool, on the
     kernel and KV split the server would plan (``split``: FlashInfer's CUDA-core decode and its own split unless
-    given, as outside deterministic inference at a GQA group under 4)."""
+    given, as outside deterministic inference at a GQA group under 4). ``parts`` > 1: each row's pages as that many
+    sub-rows (``planning.split_rows``), each attended by FlashInfer at ``split`` on its own copy of the row's query,
+    their partial states (outputs in ``partial_dtype``, default the query's) merged by ``kernels.merge``."""
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
-                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE):
+                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1,
+                 partial_dtype: torch.dtype | None = None):
         import flashinfer
 
         from sparrow_server.kernels import sparse_decode as K
 
         super().__init__(K, case, plan, landmarks, pcap, variant)
+        self.parts = parts
+        indptr, last = plan.row_indptr, plan.last_page_len
+        if parts > 1:
+            indptr, last = split_rows(indptr, last, parts, case.page_size)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
                                                                      use_tensor_cores=split.use_tensor_cores)
-        self.wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices, torch.from_numpy(plan.last_page_len),
-                          self.g, 1, case.q.shape[2], case.page_size, data_type=case.k_buf.dtype,
-                          q_data_type=case.q.dtype, **split.plan_kwargs())
+        self.wrapper.plan(torch.from_numpy(indptr), self.indices, torch.from_numpy(last), self.g, 1, case.q.shape[2],
+                          case.page_size, data_type=case.k_buf.dtype, q_data_type=case.q.dtype,
+                          o_data_type=partial_dtype if parts > 1 else None, **split.plan_kwargs())
         self.kv = (K.per_head_kv_view(case.k_buf, case.page_size), K.per_head_kv_view(case.v_buf, case.page_size))
-        self.out = torch.empty(plan.batch_size * self.h, self.g, case.q.shape[2], dtype=case.q.dtype,
-                               device=case.q.device)
+        rows, d = plan.batch_size * self.h, case.q.shape[2]
+        self.out = torch.empty(rows, self.g, d, dtype=case.q.dtype, device=case.q.device)
+        if parts > 1:
+            self.q_parts = torch.empty(rows, parts, self.g, d, dtype=case.q.dtype, device=case.q.device)
+            self.v_parts = torch.empty(rows * parts, self.g, d, dtype=partial_dtype or case.q.dtype,
+                                       device=case.q.device)
+            self.s_parts = torch.empty(rows * parts, self.g, dtype=torch.float32, device=case.q.device)
 
     def attend(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """FlashInfer decode over the index buffer's pages at the scale last set (the plan's 1 / sqrt(head_dim)
         until a call sets one): [B*H, G, D], into ``out`` when given (``self.out`` inside a CUDA graph)."""
-        return self.wrapper.run(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, out=out)
+        q = self.case.q.view(-1, self.g, self.case.q.shape[2])
+        if self.parts == 1:
+            return self.wrapper.run(q, self.kv, out=out)
+        from sparrow_server.kernels.merge import merge_parts
+
+        self.wrapper.run(self._query_parts(q), self.kv, out=self.v_parts, lse=self.s_parts, return_lse=True)
+        return merge_parts(self.v_parts, self.s_parts, self.parts, self.out if out is None else out)
+
+    def _query_parts(self, q: torch.Tensor) -> torch.Tensor:
+        """Each row's query once per sub-row: [rows * parts, G, D]."""
+        self.q_parts.copy_(q[:, None].expand(self.q_parts.shape))
+        return self.q_parts.view(-1, self.g, q.shape[2])
 
     def __call__(self, scale: float, cache_loc=None) -> torch.Tensor:
         """Score, select and attend at ``scale`` (FlashInfer's ``forward``: a new output tensor)."""
         self.select(cache_loc)
-        return self.wrapper.forward(self.case.q.view(-1, self.g, self.case.q.shape[2]), self.kv, sm_scale=scale)
+        q = self.case.q.view(-1, self.g, self.case.q.shape[2])
+        if self.parts == 1:
+            return self.wrapper.forward(q, self.kv, sm_scale=scale)
+        from sparrow_server.kernels.merge import merge_parts
+
+        v, lse = self.wrapper.forward_return_lse(self._query_parts(q), self.kv, sm_scale=scale)
+        return merge_parts(v, lse, self.parts, torch.empty_like(self.out))
