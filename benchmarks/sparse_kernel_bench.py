@@ -17,8 +17,8 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--kernels cuda-cores,tensor-cores,tensor-cores:nosplit,tensor-cores:split=64]: the sparse decode also at the
   tensor-core kernel's other KV splits (no split: the one a CUDA graph can hold, as deterministic inference plans it;
   a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
-  [--kernels cuda-cores,tensor-cores:parts=4:fp32]: each row's pages as 4 sub-rows, each attended unsplit on tensor
-  cores, their partial states (float32 outputs; bfloat16 without :fp32) merged by ``kernels.merge``.
+  [--kernels cuda-cores,tensor-cores:parts=4]: each row's pages as 4 sub-rows, each attended unsplit on tensor
+  cores, their partial states merged by ``kernels.merge``.
   [--kernels cuda-cores,xqa,xqa:split=8]: the sparse decode also on FlashInfer's XQA kernel (its CTAs a row XQA's
   own choice, or N), against the CUDA-core dense decode; its output's largest difference from the default kernel's.
 """
@@ -95,13 +95,13 @@ def build_pool(b: int, ctx: int, group: int):
 def kernel_split(name: str):
     """The sparse decode's FlashInfer kernel and KV split named ``name``: a KERNELS key at FlashInfer's own split,
     or ``tensor-cores:nosplit`` / ``tensor-cores:split=N`` (N pages a chunk; FlashInfer fixes a split on tensor
-    cores only), or ``tensor-cores:parts=N[:fp32]`` (each row as N sub-rows, unsplit, merged: ``kernel_parts``)."""
+    cores only), or ``tensor-cores:parts=N`` (each row as N sub-rows, unsplit, merged: ``kernel_parts``)."""
     from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT, DecodeSplit, decode_split
 
     kernel, _, split = name.partition(":")
     if kernel not in KERNELS or (split and kernel != "tensor-cores"):
         raise ValueError(f"kernel {name!r}: one of {sorted(KERNELS)}, or tensor-cores:nosplit / tensor-cores:split=N "
-                         f"/ tensor-cores:parts=N[:fp32]")
+                         f"/ tensor-cores:parts=N")
     if not split:  # the server's plan on that kernel outside deterministic inference
         return decode_split(False, True, None, PS, tensor_cores=KERNELS[kernel])
     if split == "nosplit" or split.startswith("parts="):
@@ -113,16 +113,15 @@ def kernel_split(name: str):
     return DecodeSplit(use_tensor_cores=True, fixed_split_size=int(pages), disable_split_kv=False)
 
 
-def kernel_parts(name: str) -> tuple[int, torch.dtype | None]:
-    """(sub-rows a row, their outputs' dtype: None for the query's) of the kernel named ``name``: (1, None) but
-    for ``tensor-cores:parts=N`` (N >= 2) and ``tensor-cores:parts=N:fp32`` (float32 partial outputs)."""
+def kernel_parts(name: str) -> int:
+    """Sub-rows a row of the kernel named ``name``: 1 but for ``tensor-cores:parts=N`` (N >= 2)."""
     _, _, split = name.partition(":")
     if not split.startswith("parts="):
-        return 1, None
-    parts, _, dtype = split.removeprefix("parts=").partition(":")
-    if not parts.isdigit() or int(parts) < 2 or dtype not in ("", "fp32"):
-        raise ValueError(f"kernel {name!r}: tensor-cores:parts=N with N >= 2 sub-rows a row, then :fp32 or nothing")
-    return int(parts), torch.float32 if dtype else None
+        return 1
+    parts = split.removeprefix("parts=")
+    if not parts.isdigit() or int(parts) < 2:
+        raise ValueError(f"kernel {name!r}: tensor-cores:parts=N with N >= 2 sub-rows a row")
+    return int(parts)
 
 
 def xqa_sub_seqs(name: str) -> int | None:
@@ -144,7 +143,7 @@ def check_kernel(name: str) -> None:
         kernel_split(name)
 
 
-def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts=(1, None)):
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts: int = 1):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
     ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given;
     ``parts``: a ``kernel_parts``)."""
@@ -154,8 +153,7 @@ def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, par
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
     split = kernel_split("cuda-cores") if split is None else split
-    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts[0],
-                                   partial_dtype=parts[1])
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts)
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -205,7 +203,7 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str) -> t
     case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split, parts)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
     diff = None
-    if parts[0] > 1:
+    if parts > 1:
         want = _build_layer(pool, ctx, schedule, max_context, ws)[2]
         want.indices.copy_(layer.indices)
         diff = float((layer.attend().float() - want.attend().float()).abs().max())
@@ -329,8 +327,7 @@ def main() -> int:
     ap.add_argument("--kernels", default=None,
                     help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
-                         f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N[:fp32] (N sub-rows a row, "
-                         f"merged), "
+                         f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged), "
                          f"xqa, xqa:split=N (N CTAs a row)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")

@@ -2,9 +2,11 @@
 attends each sub-row on its own and this kernel merges them, one program a row, in float32.
 
 Why: past about two rows per SM FlashInfer's CUDA-core decode splits each row's pages so that the SMs run uneven
-loads (batch 34 at 32K: 0.84 of dense's bandwidth on one host, 0.78 on another), where its tensor-core decode at a
-fixed 64 pages a chunk reads at 0.91-0.93 (``benchmarks/results/speed/call37/``). FlashInfer fixes a split only
-outside CUDA graphs; sub-rows planned as rows of their own, without a split, hold under a graph.
+loads: at 32K x 34 (272 rows) it read the selected KV at 0.78-0.84 of the dense decode's bandwidth on three H200 hosts,
+at 16K x 64 at 0.79-0.86 (``benchmarks/results/speed/call37/``). Four sub-rows a row, each unsplit on the tensor-core
+kernel, then this merge: 154.1 against 167.1 us a layer at 32K x 34, 235.4 against 274.8 at 16K x 64 (one host; at
+batch 16 and 28 the CUDA-core kernel is faster). FlashInfer fixes a split only outside CUDA graphs (its graph plan
+bounds the work list by the rows); sub-rows planned as rows of their own, unsplit, hold under a graph.
 
 A partial state is FlashInfer's: the sub-row's output and its log-sum-exp of the scaled logits in base 2 (an
 empty sub-row: output 0, log-sum-exp -inf, weight 0)."""

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,11 +107,10 @@ def test_kernel_bench_names_the_sparse_decode_s_kv_split():
         with pytest.raises(ValueError, match="kernel"):
             bench.kernel_split(bad)
     assert bench.xqa_sub_seqs("xqa") is None and bench.xqa_sub_seqs("xqa:split=8") == 8
-    # sub-rows: each unsplit (the plan a CUDA graph holds), merged from float32 or query-dtype partial outputs
-    assert bench.kernel_split("tensor-cores:parts=4:fp32") == DecodeSplit(True, None, True)
-    assert bench.kernel_parts("tensor-cores:parts=4:fp32") == (4, torch.float32)
-    assert bench.kernel_parts("tensor-cores:parts=8") == (8, None) and bench.kernel_parts("cuda-cores") == (1, None)
-    for bad in ("xqa:split=0", "xqa:8", "xqa:nosplit", "cpu", "tensor-cores:parts=1", "tensor-cores:parts=4:fp16",
+    # sub-rows: each unsplit (the plan a CUDA graph holds), their states merged
+    assert bench.kernel_split("tensor-cores:parts=4") == DecodeSplit(True, None, True)
+    assert bench.kernel_parts("tensor-cores:parts=8") == 8 and bench.kernel_parts("cuda-cores") == 1
+    for bad in ("xqa:split=0", "xqa:8", "xqa:nosplit", "cpu", "tensor-cores:parts=1", "tensor-cores:parts=4:fp32",
                 "cuda-cores:parts=4"):
         with pytest.raises(ValueError, match="kernel"):
             bench.check_kernel(bad)

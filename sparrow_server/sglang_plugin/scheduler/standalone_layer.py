@@ -147,11 +147,11 @@ class SparseLayer(SparseSelection):
     kernel and KV split the server would plan (``split``: FlashInfer's CUDA-core decode and its own split unless
     given, as outside deterministic inference at a GQA group under 4). ``parts`` > 1: each row's pages as that many
     sub-rows (``planning.split_rows``), each attended by FlashInfer at ``split`` on its own copy of the row's query,
-    their partial states (outputs in ``partial_dtype``, default the query's) merged by ``kernels.merge``."""
+    their partial states (outputs in the query's dtype: FlashInfer 0.6.15 builds no float32 output for a bfloat16
+    query) merged by ``kernels.merge``."""
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
-                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1,
-                 partial_dtype: torch.dtype | None = None):
+                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1):
         import flashinfer
 
         from sparrow_server.kernels import sparse_decode as K
@@ -164,15 +164,13 @@ class SparseLayer(SparseSelection):
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
                                                                      use_tensor_cores=split.use_tensor_cores)
         self.wrapper.plan(torch.from_numpy(indptr), self.indices, torch.from_numpy(last), self.g, 1, case.q.shape[2],
-                          case.page_size, data_type=case.k_buf.dtype, q_data_type=case.q.dtype,
-                          o_data_type=partial_dtype if parts > 1 else None, **split.plan_kwargs())
+                          case.page_size, data_type=case.k_buf.dtype, q_data_type=case.q.dtype, **split.plan_kwargs())
         self.kv = (K.per_head_kv_view(case.k_buf, case.page_size), K.per_head_kv_view(case.v_buf, case.page_size))
         rows, d = plan.batch_size * self.h, case.q.shape[2]
         self.out = torch.empty(rows, self.g, d, dtype=case.q.dtype, device=case.q.device)
         if parts > 1:
             self.q_parts = torch.empty(rows, parts, self.g, d, dtype=case.q.dtype, device=case.q.device)
-            self.v_parts = torch.empty(rows * parts, self.g, d, dtype=partial_dtype or case.q.dtype,
-                                       device=case.q.device)
+            self.v_parts = torch.empty(rows * parts, self.g, d, dtype=case.q.dtype, device=case.q.device)
             self.s_parts = torch.empty(rows * parts, self.g, dtype=torch.float32, device=case.q.device)
 
     def attend(self, out: torch.Tensor | None = None) -> torch.Tensor:
