@@ -19,8 +19,6 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
   [--kernels cuda-cores,tensor-cores:parts=4]: each row's pages as 4 sub-rows, each attended unsplit on tensor
   cores, their partial states merged by ``kernels.merge``.
-  [--kernels cuda-cores,xqa,xqa:split=8]: the sparse decode also on FlashInfer's XQA kernel (its CTAs a row XQA's
-  own choice, or N), against the CUDA-core dense decode; its output's largest difference from the default kernel's.
 """
 from __future__ import annotations
 
@@ -124,25 +122,6 @@ def kernel_parts(name: str) -> int:
     return int(parts)
 
 
-def xqa_sub_seqs(name: str) -> int | None:
-    """CTAs a row of the XQA kernel named ``name``: ``xqa`` (None: XQA's own count) or ``xqa:split=N``."""
-    split = name.partition(":")[2]
-    if not split:
-        return None
-    n = split.removeprefix("split=")
-    if n == split or not n.isdigit() or int(n) < 1:
-        raise ValueError(f"kernel {name!r}: xqa or xqa:split=N with N >= 1 CTAs a row")
-    return int(n)
-
-
-def check_kernel(name: str) -> None:
-    """Raises ValueError unless ``name`` is a kernel --kernels takes."""
-    if name.partition(":")[0] == "xqa":
-        xqa_sub_seqs(name)
-    else:
-        kernel_split(name)
-
-
 def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts: int = 1):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
     ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given;
@@ -211,27 +190,6 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str) -> t
     return graph_us(lambda: layer.attend(out=layer.out)), dense_us, diff
 
 
-def xqa_attention(pool, ctx: int, schedule, max_context: int, ws, sub_seqs) -> tuple[float, float, float]:
-    """(sparse us, dense us, largest |difference| from the default kernel's output) of XQA over the pages the
-    default selection picks; the dense decode on the kernel SGLang picks at the group."""
-    from sparrow_server.sglang_plugin.scheduler import xqa_decode
-
-    case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
-    layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
-    want = layer.attend().clone()
-    indptr = torch.from_numpy(plan.row_indptr).to("cuda")
-    table = xqa_decode.block_table(layer.indices, indptr, int(plan.count.max()))
-    lens = xqa_decode.seq_lens(indptr, torch.from_numpy(plan.last_page_len).to("cuda"), PS)
-    xqa = xqa_decode.XqaDecode(torch.empty(64 << 20, dtype=torch.uint8, device="cuda"), PS, sub_seqs)
-    q = case.q.view(-1, layer.g, D)
-    out = torch.empty_like(want)
-    run = lambda: xqa.run(q, layer.kv, table, lens, 1 / math.sqrt(D), out)
-    run()
-    diff = float((out.float() - want.float()).abs().max())
-    tensor_cores = layer.g >= TENSOR_CORE_GROUP  # the served dense layers' kernel at this group
-    return graph_us(run), dense_attn_us(case, len(case.lengths), ctx, ws, tensor_cores), diff
-
-
 def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:
     """One layer at ``ctx`` tokens x the pool's requests on a server whose context length is ``max_context``."""
     case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
@@ -262,10 +220,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     for name in kernels:
         extra = {}
         try:  # a JIT build the host cannot make: recorded, the other kernels still timed
-            if name.partition(":")[0] == "xqa":
-                sparse_us, dense_us, diff = xqa_attention(pool, ctx, schedule, max_context, ws, xqa_sub_seqs(name))
-            else:
-                sparse_us, dense_us, diff = attention_us(pool, ctx, schedule, max_context, ws, name)
+            sparse_us, dense_us, diff = attention_us(pool, ctx, schedule, max_context, ws, name)
         except Exception as exc:
             out["attention"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             continue
@@ -327,8 +282,7 @@ def main() -> int:
     ap.add_argument("--kernels", default=None,
                     help=f"FlashInfer decode kernels to time attention on, of {sorted(KERNELS)} (default: the one "
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
-                         f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged), "
-                         f"xqa, xqa:split=N (N CTAs a row)")
+                         f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
@@ -341,7 +295,7 @@ def main() -> int:
         ap.error(f"--group {a.group}: a group >= 1")
     for name in kernels:
         try:
-            check_kernel(name)
+            kernel_split(name)
         except ValueError as exc:
             ap.error(f"--kernels: {exc}")
     schedule = _schedule(a.schedule, a.budget_pages)
