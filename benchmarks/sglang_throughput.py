@@ -48,6 +48,7 @@ MAXTOK_RE = re.compile(r"max_total_num_tokens=(\d+)")
 GRAPH_SPLIT_RE = re.compile(r"sparrow backend: .* / graph DecodeSplit\(use_tensor_cores=(True|False), "
                             r"fixed_split_size=(\w+), disable_split_kv=(True|False)\)")
 SELECTION_RE = re.compile(r"sparrow backend: .*, selection (\w+), KV split")
+SUB_ROWS_RE = re.compile(r"graph sub-rows (\d+)")  # absent from the start-up line before call 37: none
 SERVER_ARGS = ["--load-format", "dummy", "--page-size", "16", "--mem-fraction-static", "0.85",
                "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--chunked-prefill-size", "16384"]
 
@@ -60,14 +61,16 @@ def server_decode_tok_s(log: Path, offset: int, batch: int) -> tuple[float | Non
 
 def sparse_decode_kernel(log_text: str) -> dict:
     """``{"sparse_decode_kernel": "tensor-core" | "cuda-core", "graph_kv_split": "flashinfer" | "none" | "<N>
-    pages", "select_variant": ...}`` from a sparrow server's start-up line ({} for another server)."""
+    pages", "graph_sub_rows": N, "select_variant": ...}`` from a sparrow server's start-up line ({} for another
+    server); ``graph_sub_rows`` > 1: the graph plan attends each row as N sub-rows, unsplit on tensor cores."""
     m, sel = GRAPH_SPLIT_RE.search(log_text), SELECTION_RE.search(log_text)
     if not m:
         return {}
     cores, fixed, unsplit = m.groups()
     split = "none" if unsplit == "True" else ("flashinfer" if fixed == "None" else f"{fixed} pages")
+    sub = SUB_ROWS_RE.search(log_text)
     return {"sparse_decode_kernel": "tensor-core" if cores == "True" else "cuda-core", "graph_kv_split": split,
-            "select_variant": sel.group(1)}
+            "graph_sub_rows": int(sub.group(1)) if sub else 1, "select_variant": sel.group(1)}
 
 
 def pool_shortfall(max_total_tokens: int | None, context: int, gen_len: int, batch: int,

@@ -48,6 +48,7 @@ DETERMINISTIC = "tests/gpu/test_deterministic.py"
 GROUPED = "tests/gpu/test_grouped_query_heads.py"
 KERNEL_TESTS = "tests/gpu/test_sparse_kernels.py"
 MERGE = "sparrow_server/kernels/merge.py"
+SUB_ROWS = "tests/gpu/test_sub_rows.py"
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,10 @@ BREAKS = (
     Break("merge_natural_log", "sub-row states weighted as if their log-sum-exps were natural (FlashInfer's: base 2)",
           MERGE, "w = tl.exp2(", "w = tl.exp(",
           (f"{KERNEL_TESTS}::test_sub_rows_merged_equal_the_sparse_layer",)),
+    Break("sub_rows_query_of_another_row", "served sub-rows attend with the queries tiled (sub-row i: row i mod rows)",
+          BACKEND, "q_parts = q[:, None].expand(rows, parts, *q.shape[1:]).reshape(rows * parts, *q.shape[1:])",
+          "q_parts = q.repeat(parts, 1, 1)",
+          (f"{SUB_ROWS}::test_sub_rows_decode_as_flashinfer_s_own_split",)),
     Break("sub_rows_last_page_full", "every sub-row's last page taken as full (the row's partial last page over-read)",
           PLANNING, "sub_last[:, -1] = last_page_len", "sub_last[:, -1] = page_size",
           (f"{KERNEL_TESTS}::test_sub_rows_merged_equal_the_sparse_layer",)),

@@ -2,18 +2,21 @@
 # The GPU test suite (tests/gpu/) on a GPU host, in parts that each fit one device call (< 9 min):
 #   R=<repo root holding .kit and .whl> OUT=<returned folder> bash benchmarks/gpu_host/run_gpu_suite.sh PART
 # PART all (2 GPUs, the whole suite in one command): serving, service, cross-engine, dense-layers,
-#         exact-acceptance and deterministic tests on GPU 0, kernel, trainer compat and GQA-group-4 on GPU 1, the TP tests on both, all
+#         exact-acceptance and deterministic tests on GPU 0, kernel, trainer compat, GQA-group-4 and sub-row tests on GPU 1,
+#         the TP tests on both, all
 #         at once (every server caps its KV pool or sizes it from the memory free at its start; trainer compat
 #         measures what its server frees from NVML's per-process counts, so it need not have its card alone).
 # On one GPU, two commands:
-# PART 1: serving, service, kernel, dense-layers, exact-acceptance, deterministic, GQA-group-4 (and cross-engine) tests at once
+# PART 1: serving, service, kernel, dense-layers, exact-acceptance, deterministic, GQA-group-4, sub-row (and cross-engine)
+#         tests at once
 #         on GPU 0 (with 2 GPUs, trainer compat on GPU 1 beside them).
 # PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat alone (where NVML cannot see the
 #         server's processes it falls back to the card's used memory, right only on a card of its own;
 #         the TP tests skip).
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
-# PART serving | service | kernels | dense_layers | exact_acceptance | deterministic | grouped | tp: that module alone (GPU $SUITE_GPU,
+# PART serving | service | kernels | dense_layers | exact_acceptance | deterministic | grouped | sub_rows | tp: that module
+#         alone (GPU $SUITE_GPU,
 #         default 0; the TP module on GPUs 0,1), e.g. beside a breaks part or a benchmark on the other card
 #         (CUDA_VISIBLE_DEVICES is set per module, so only SUITE_GPU moves it).
 # Each part appends to $OUT/gpu_suite_summary.txt (one line per module: its pytest result) and writes
@@ -86,11 +89,11 @@ case "$PART" in
     module 1 sparse_kernels long_rows "$KERNEL_LONG_ROWS_EXPR" & module 0 sparse_kernels at_40k "$KERNEL_AT_40K_EXPR" &
     module 1 sparse_kernels rest "$KERNEL_REST_EXPR" &
     module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 1 sglang_trainer_compat &
-    module 1 grouped_query_heads & module 0,1 sglang_tp & wait ;;
+    module 1 grouped_query_heads & module 1 sub_rows & module 0,1 sglang_tp & wait ;;
   1)
     module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
     module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 0 grouped_query_heads &
-    [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
+    module 0 sub_rows & [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
   2)
     if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
   serving) module "$G" sglang_serving ;;
@@ -99,6 +102,7 @@ case "$PART" in
   exact_acceptance) module "$G" exact_acceptance ;;
   deterministic) module "$G" deterministic ;;
   grouped) module "$G" grouped_query_heads ;;
+  sub_rows) module "$G" sub_rows ;;
   service) module "$G" sglang_service ;;
   tp) module 0,1 sglang_tp ;;
   breaks)

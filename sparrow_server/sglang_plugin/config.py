@@ -27,6 +27,9 @@ ENV_SELECT_VARIANT = "SPARROW_SELECT_VARIANT"  # the selection kernels (``sparro
 # (0: off, the top-k lower bound only), and the scheduler's memory for the kept rows.
 ENV_EXACT_STRIDE = "SPARROW_EXACT_STRIDE"
 ENV_EXACT_MAX_MIB = "SPARROW_EXACT_MAX_MIB"
+# Sub-rows of the sparse decode under CUDA graphs (issue 24): each row's pages as N rows of their own, attended
+# unsplit on FlashInfer's tensor cores and merged, in every captured batch (1: off, FlashInfer's own split).
+ENV_SUB_ROWS = "SPARROW_SUB_ROWS"
 
 DEFAULT_SCHEDULE = "dense"
 # Largest top-k (in tokens, reserved pages excluded) one decode step may select per row; budgets
@@ -37,6 +40,10 @@ DEFAULT_LANDMARK_DTYPE = "bfloat16"
 LANDMARK_DTYPES = ("bfloat16", "float32")
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
+# Off until a served decode measures a rule for it: past two rows an SM FlashInfer's CUDA-core split is faster at
+# some batch sizes and slower at others (benchmarks/results/speed/call37/).
+DEFAULT_SUB_ROWS = 1
+MAX_SUB_ROWS = 16
 
 
 class PluginConfigError(ValueError):
@@ -68,6 +75,7 @@ class PluginConfig:
     select_variant: str = DEFAULT_SELECT_VARIANT
     exact_stride: int = DEFAULT_EXACT_STRIDE
     exact_max_mib: int = DEFAULT_EXACT_MAX_MIB
+    sub_rows: int = DEFAULT_SUB_ROWS
 
     @property
     def topk_cap_pages(self) -> int:
@@ -97,7 +105,11 @@ class PluginConfig:
         variant = env.get(ENV_SELECT_VARIANT, DEFAULT_SELECT_VARIANT)
         if variant not in SELECT_VARIANTS:
             raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
+        sub_rows = _int_env(env, ENV_SUB_ROWS, DEFAULT_SUB_ROWS, 1)
+        if sub_rows > MAX_SUB_ROWS:
+            raise PluginConfigError(ENV_SUB_ROWS, sub_rows, f"must be <= {MAX_SUB_ROWS}")
         return cls(
+            sub_rows=sub_rows,
             exact_stride=_int_env(env, ENV_EXACT_STRIDE, DEFAULT_EXACT_STRIDE, 0),
             exact_max_mib=_int_env(env, ENV_EXACT_MAX_MIB, DEFAULT_EXACT_MAX_MIB, 0),
             default_schedule=env.get(ENV_DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),

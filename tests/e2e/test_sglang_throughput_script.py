@@ -87,11 +87,14 @@ def test_the_json_names_the_kernel_the_sparse_plans_decode_on():
     T = _bench()
     log = (ROOT / "benchmarks/results/speed/call21/rolloutA_4b/server-qwen3-4b-sparrow.log").read_text()
     assert T.sparse_decode_kernel(log) == {"sparse_decode_kernel": "cuda-core", "graph_kv_split": "flashinfer",
-                                           "select_variant": "even"}
+                                           "graph_sub_rows": 1, "select_variant": "even"}
     tensor = log.replace("/ graph DecodeSplit(use_tensor_cores=False", "/ graph DecodeSplit(use_tensor_cores=True")
     tensor = tensor.replace(", selection even, KV split", ", selection fine_hist64, KV split")
     assert T.sparse_decode_kernel(tensor) == {"sparse_decode_kernel": "tensor-core", "graph_kv_split": "flashinfer",
-                                              "select_variant": "fine_hist64"}
+                                              "graph_sub_rows": 1, "select_variant": "fine_hist64"}
+    line = "/ graph DecodeSplit(use_tensor_cores=False, fixed_split_size=None, disable_split_kv=False)"
+    sub_rows = log.replace(line, f"{line}, graph sub-rows 4")  # the line since call 37
+    assert "graph sub-rows 4" in sub_rows and T.sparse_decode_kernel(sub_rows)["graph_sub_rows"] == 4
     graph = "/ graph DecodeSplit(use_tensor_cores=True, fixed_split_size=None, disable_split_kv=False)"
     unsplit = tensor.replace(graph, f"/ graph {NO_SPLIT}")  # deterministic inference's graph plan, as logged
     assert T.sparse_decode_kernel(unsplit)["graph_kv_split"] == "none"

@@ -239,3 +239,42 @@ def test_a_fixed_split_on_cuda_core_wrappers_is_refused_as_flashinfer_refuses_it
     ep = LP.EagerLayerPlans(torch.zeros(16, dtype=torch.uint8), LAYERS, H, device="cpu", use_tensor_cores=False)
     with pytest.raises(ValueError, match="tensor core"):
         ep.step(2, plans, groups, *ARGS[:1], _split_kwargs(split))
+
+
+def test_a_batch_size_captured_in_sub_rows_plans_each_layers_sub_rows_unsplit_on_tensor_cores(LP):
+    """A batch size captured with ``parts`` 2 beside one captured whole: its wrapper is a tensor-core one, every
+    plan of it (capture, each group per step) gets the sub-rows of its group's plan (``split_rows``) unsplit
+    (``NO_SPLIT``), whatever split the step passes, and each layer reads its own group's sub-rows through its own
+    buffer, its row pointers (the selection's) still the rows'. The whole batch size keeps the step's split."""
+    from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, NO_SPLIT
+    from sparrow_server.sglang_plugin.scheduler.planning import split_rows
+
+    gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu", max_parts=4)
+    kwargs = _split_kwargs(FLASHINFER_CHOICE)
+    for bs, parts in ((4, 2), (2, 1)):
+        plan, groups, plans = _step([dense_schedule()] * bs, [1] * bs)
+        gp.capture(bs, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], kwargs, parts=parts)
+    odd = _schedule("odd", (0, 1, 3))
+    plan, groups, plans = _step([_schedule("a"), odd, _schedule("a"), odd], [900, 700, 1000, 33])
+    CALLS.clear()
+    layers = gp.step(4, plans, groups, *ARGS[:1], kwargs)
+    assert groups.num_groups == 2
+    for layer, decode in layers.items():
+        want = plans[groups.group_of(layer)]
+        sub_indptr, sub_last = split_rows(want.row_indptr, want.last_page_len, 2, PS)
+        plan_indptr, indptr_buf, _ = decode.wrapper.forward()
+        assert decode.parts == 2 and decode.wrapper.use_tensor_cores
+        assert plan_indptr == indptr_buf.tolist() == sub_indptr.tolist(), layer
+        assert decode.row_indptr.tolist() == want.row_indptr.tolist(), layer
+        assert decode.wrapper._paged_kv_last_page_len_buf.tolist() == sub_last.tolist()
+        for f in REQUEST_FIELDS:
+            assert decode.fields[f].tolist() == getattr(want, f).tolist(), (layer, f)
+    assert CALLS == [{"how": "fast_decode_plan", "tensor_cores": True, "graph": True, "last_page_len_device": "cpu",
+                      **NO_SPLIT.plan_kwargs()}] * 2
+    CALLS.clear()
+    plan, groups, plans = _step([_schedule("a"), odd], [900, 700])
+    _check_layers(gp.step(2, plans, groups, *ARGS[:1], kwargs), plans, groups)
+    assert {c["tensor_cores"] for c in CALLS} == {False} and all(c["disable_split_kv"] is False for c in CALLS)
+    assert gp.ws_bytes == LP.workspace_bytes(MAX_BS * H * 4, True)
+    with pytest.raises(ValueError, match="parts=8"):
+        gp.capture(1, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], kwargs, parts=8)

@@ -167,6 +167,11 @@ def test_plugin_config_from_env():
     assert PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "v1"}).select_variant == "v1"
     with pytest.raises(PluginConfigError, match="SPARROW_SELECT_VARIANT"):
         PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "fast"})
+    assert PluginConfig.from_env({}).sub_rows == 1  # off until a served decode measures a rule (call 37)
+    assert PluginConfig.from_env({"SPARROW_SUB_ROWS": "4"}).sub_rows == 4
+    for bad in ("0", "17", "two"):
+        with pytest.raises(PluginConfigError, match=f"SPARROW_SUB_ROWS='?{bad}'?: must"):
+            PluginConfig.from_env({"SPARROW_SUB_ROWS": bad})
 
 
 def test_plugin_imports_without_sglang():

@@ -43,9 +43,10 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sparrow_server.kernels import sparse_decode as K
+from sparrow_server.kernels.merge import merge_parts
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
-from sparrow_server.sglang_plugin.scheduler.determinism import backend_splits
+from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, backend_splits
 from sparrow_server.sglang_plugin.scheduler.hooks import ROWS_ATTR
 from sparrow_server.sglang_plugin.scheduler.layer_groups import (
     LayerGroups, extra_dense_layers, group_layers, group_plans,
@@ -121,6 +122,11 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.stores_kv = K.stores_kv(self.select_variant) and plain_token_major_pool(self.token_to_kv_pool)
         # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
         self.split_eager, self.split_graph = backend_splits(self, self.page_size)
+        # sub-rows replace FlashInfer's own split of the CUDA-core graph plan only (``config.ENV_SUB_ROWS``)
+        self.sub_rows = cfg.sub_rows if self.split_graph == FLASHINFER_CHOICE else 1
+        if self.sub_rows != cfg.sub_rows:
+            logger.warning("sparrow: SPARROW_SUB_ROWS=%d ignored: the graph plan is %s, not FlashInfer's CUDA-core "
+                           "split", cfg.sub_rows, self.split_graph)
         pool = self.token_to_kv_pool
         first, n_layers = pool.start_layer, pool.layer_num
         dense = set(self.table.default.dense_layers)
@@ -144,17 +150,17 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
                     "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s, "
-                    "KV split eager %s / graph %s, step K/V stored by the selection %s",
+                    "KV split eager %s / graph %s, graph sub-rows %d, step K/V stored by the selection %s",
                     len(self.landmarks), sorted(dense), lm_mib, cfg.landmark_dtype, self.topk_cap, self.pcap,
                     self.num_kv_heads, list(self.kv_heads), self.group, self.select_variant, self.split_eager,
-                    self.split_graph, self.stores_kv)
+                    self.split_graph, self.sub_rows, self.stores_kv)
 
     # ---- CUDA graph state -------------------------------------------------------------------
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, kv_indices_buf=None):
         super().init_cuda_graph_state(max_bs, max_num_tokens, kv_indices_buf)
         rows = max_bs * self.num_kv_heads
         self.graph_plans = GraphLayerPlans(self.sparse_layers, max_bs, self.num_kv_heads, self.pcap,
-                                           use_tensor_cores=self.split_graph.use_tensor_cores)
+                                           use_tensor_cores=self.split_graph.use_tensor_cores, max_parts=self.sub_rows)
         self.g_scores = torch.empty(rows, self.pcap, dtype=torch.float32, device="cuda")
 
     # ---- per-step planning (host) -----------------------------------------------------------
@@ -221,7 +227,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         plan_kwargs = dict(data_type=self.kv_dtype, q_data_type=self.q_dtype, non_blocking=True, **split.plan_kwargs())
         if graph:
             if in_capture:
-                self.graph_plans.capture(bs, self.workspace_buffer, plan, plan_args, plan_kwargs)
+                self.graph_plans.capture(bs, self.workspace_buffer, plan, plan_args, plan_kwargs, parts=self.sub_rows)
             layers = self.graph_plans.step(bs, plans, groups, plan_args, plan_kwargs)
             indices, scores = self.graph_plans.indices, self.g_scores[:nrows]
         else:
@@ -292,8 +298,19 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,
                                            step.real_bs)
         kv = (K.per_head_kv_view(k_buf, self.page_size), K.per_head_kv_view(v_buf, self.page_size))
-        q_att = q3 if q_out is None else q_out
-        o = decode.wrapper.forward(q_att.view(-1, self.group, layer.head_dim), kv, sm_scale=layer.scaling,
-                                 logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
-                                 v_scale=layer.v_scale_float)
+        q_att = (q3 if q_out is None else q_out).view(-1, self.group, layer.head_dim)
+        scales = dict(sm_scale=layer.scaling, logits_soft_cap=layer.logit_cap, k_scale=layer.k_scale_float,
+                      v_scale=layer.v_scale_float)
+        if decode.parts > 1:
+            o = self._attend_sub_rows(decode, q_att, kv, scales)
+        else:
+            o = decode.wrapper.forward(q_att, kv, **scales)
         return o.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    @staticmethod
+    def _attend_sub_rows(decode: LayerDecode, q: torch.Tensor, kv: tuple, scales: dict) -> torch.Tensor:
+        """Each row's query once per sub-row, FlashInfer's output and log-sum-exp of each sub-row, merged."""
+        rows, parts = q.shape[0], decode.parts
+        q_parts = q[:, None].expand(rows, parts, *q.shape[1:]).reshape(rows * parts, *q.shape[1:])
+        v, lse = decode.wrapper.forward_return_lse(q_parts, kv, **scales)
+        return merge_parts(v, lse, parts, torch.empty_like(q))

@@ -105,11 +105,14 @@ def group_plans(plan: StepPlan, groups: LayerGroups) -> list[StepPlan]:
     return [densify(plan, mask) for mask in groups.dense]
 
 
-def pack_groups(plans: Sequence[StepPlan], layout: dict[str, tuple[int, int]]) -> np.ndarray:
-    """The groups' packed plans back to back, each ``layout["_total"][1]`` int32 long."""
+def pack_groups(plans: Sequence[StepPlan], layout: dict[str, tuple[int, int]],
+                sub_rows: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
+    """The groups' packed plans back to back, each ``layout["_total"][1]`` int32 long (``sub_rows``: each
+    group's ``planning.split_rows``)."""
+    subs = [None] * len(plans) if sub_rows is None else sub_rows
     if len(plans) == 1:
-        return pack(plans[0], layout)
-    return np.concatenate([pack(p, layout) for p in plans])
+        return pack(plans[0], layout, subs[0])
+    return np.concatenate([pack(p, layout, sub) for p, sub in zip(plans, subs)])
 
 
 def group_layout(max_bs: int, num_kv_heads: int) -> dict[str, tuple[int, int]]:

@@ -31,8 +31,9 @@ import numpy as np
 import torch
 from flashinfer import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 
+from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT
 from sparrow_server.sglang_plugin.scheduler.layer_groups import LayerGroups, pack_groups, plan_region_bytes
-from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, packed_layout
+from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, packed_layout, split_rows
 
 GRID_BOUND = 16384  # above FlashInfer's padded batch (blocks per SM x SMs) on any card we run
 
@@ -46,15 +47,23 @@ def workspace_bytes(max_rows: int, tensor_cores: bool = False) -> int:
 
 @dataclass
 class LayerDecode:
-    """What one sparse layer reads in a step: ``REQUEST_FIELDS`` -> int32 [bs], row pointers, wrapper."""
+    """What one sparse layer reads in a step: ``REQUEST_FIELDS`` -> int32 [bs], row pointers, wrapper. ``parts``
+    > 1: the wrapper attends each row as that many sub-rows (``planning.split_rows``), whose states the backend
+    merges (``kernels.merge``)."""
 
     fields: dict
     row_indptr: torch.Tensor
     wrapper: BatchDecodeWithPagedKVCacheWrapper
+    parts: int = 1
 
 
-def _meta_host(plans: list[StepPlan], groups: LayerGroups, layout) -> np.ndarray:
-    return np.concatenate([groups.group_of_layer.astype(np.int32), pack_groups(plans, layout)])
+def _meta_host(plans: list[StepPlan], groups: LayerGroups, layout, sub_rows=None) -> np.ndarray:
+    return np.concatenate([groups.group_of_layer.astype(np.int32), pack_groups(plans, layout, sub_rows)])
+
+
+def _region(buf: torch.Tensor, layout, name: str, n: int) -> torch.Tensor:
+    start, _ = layout[name]
+    return buf[start:start + n]
 
 
 def _views(buf: torch.Tensor, layout, bs: int, rows: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
@@ -103,18 +112,22 @@ class _Captured:
     layers: dict            # layer id -> LayerDecode, reading the layer's own buffers
     slots: list             # group -> planning view of ``wrapper`` (its own int workspace slot)
     plan_info: list | None  # FlashInfer's plan layout at capture
+    parts: int = 1          # sub-rows a row
+    tensor_cores: bool = False
+    sub_kwargs: dict | None = None  # sub-rows: the plan's keywords, unsplit on tensor cores; else each step's own
 
 
 class GraphLayerPlans:
-    """Under CUDA graphs: per-layer buffers read by the captured graphs, filled per step."""
+    """Under CUDA graphs: per-layer buffers read by the captured graphs, filled per step. A batch size captured
+    with ``parts`` > 1 attends each row as sub-rows on tensor cores, unsplit (``NO_SPLIT``: a plan a graph holds)."""
 
     def __init__(self, layers: tuple[int, ...], max_bs: int, num_kv_heads: int, pcap: int, device: str = "cuda",
-                 use_tensor_cores: bool = False):
+                 use_tensor_cores: bool = False, max_parts: int = 1):
         self.layers, self.num_kv_heads, self.device = layers, num_kv_heads, torch.device(device)
-        self.use_tensor_cores = use_tensor_cores
+        self.use_tensor_cores, self.max_parts = use_tensor_cores, max_parts
         dev = self.device
         n_layers = len(layers)
-        self.layout = packed_layout(max_bs, num_kv_heads)
+        self.layout = packed_layout(max_bs, num_kv_heads, max_parts)
         self.stride = self.layout["_total"][1]
         self.max_groups = n_layers + 1
         self.meta = torch.zeros(n_layers + self.max_groups * self.stride, dtype=torch.int32, device=dev)
@@ -122,30 +135,47 @@ class GraphLayerPlans:
         self.groups = self.meta[n_layers:].view(self.max_groups, self.stride)
         self.layer_meta = torch.zeros(n_layers, self.stride, dtype=torch.int32, device=dev)
         self.ws_bytes = workspace_bytes(max_bs * num_kv_heads, use_tensor_cores)
+        if max_parts > 1:
+            self.ws_bytes = max(self.ws_bytes, workspace_bytes(max_bs * num_kv_heads * max_parts, True))
         self.slot_ws = torch.zeros(self.max_groups, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.layer_ws = torch.zeros(n_layers, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.slot_pinned: list[torch.Tensor] = []
         self.indices = torch.zeros(max_bs * num_kv_heads * pcap, dtype=torch.int32, device=dev)
         self.captured: dict[int, _Captured] = {}
 
-    def capture(self, bs: int, workspace: torch.Tensor, plan: StepPlan, plan_args, plan_kwargs) -> None:
+    @staticmethod
+    def _wrapper_rows(plan: StepPlan, parts: int, page_size: int):
+        """(region names, (pointers, last-page lengths) on the host) of the rows FlashInfer attends."""
+        if parts == 1:
+            return ("row_indptr", "last_page_len"), (plan.row_indptr, plan.last_page_len)
+        return ("sub_indptr", "sub_last_page_len"), split_rows(plan.row_indptr, plan.last_page_len, parts, page_size)
+
+    def capture(self, bs: int, workspace: torch.Tensor, plan: StepPlan, plan_args, plan_kwargs,
+                parts: int = 1) -> None:
         """Make batch size ``bs``'s wrapper and every layer's view of it (before its graph is captured)."""
+        if not 1 <= parts <= self.max_parts:
+            raise ValueError(f"parts={parts}: must be in [1, {self.max_parts}]")
         rows = bs * self.num_kv_heads
-        _, row_indptr, last_page_len = _views(self.groups[0], self.layout, bs, rows)
+        n = rows * parts
+        (indptr_name, last_name), (indptr, last) = self._wrapper_rows(plan, parts, plan_args[3])
+        tensor_cores = self.use_tensor_cores or parts > 1
+        sub_kwargs = {**plan_kwargs, **NO_SPLIT.plan_kwargs()} if parts > 1 else None
         wrapper = BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", backend="fa2", use_cuda_graph=True, use_tensor_cores=self.use_tensor_cores,
-            paged_kv_indptr_buffer=row_indptr, paged_kv_indices_buffer=self.indices,
-            paged_kv_last_page_len_buffer=last_page_len)
-        wrapper.plan(torch.from_numpy(plan.row_indptr), self.indices[:max(plan.total_pages, 1)],
-                     torch.from_numpy(plan.last_page_len), *plan_args, **plan_kwargs)
+            workspace, "NHD", backend="fa2", use_cuda_graph=True, use_tensor_cores=tensor_cores,
+            paged_kv_indptr_buffer=_region(self.groups[0], self.layout, indptr_name, n + 1),
+            paged_kv_indices_buffer=self.indices,
+            paged_kv_last_page_len_buffer=_region(self.groups[0], self.layout, last_name, n))
+        wrapper.plan(torch.from_numpy(indptr), self.indices[:max(plan.total_pages, 1)], torch.from_numpy(last),
+                     *plan_args, **(sub_kwargs or plan_kwargs))
         layers = {}
         for i, layer in enumerate(self.layers):
             fields, layer_indptr, _ = _views(self.layer_meta[i], self.layout, bs, rows)
             view = copy.copy(wrapper)
             view._int_workspace_buffer = self.layer_ws[i]
-            view._paged_kv_indptr_buf = layer_indptr
-            layers[layer] = LayerDecode(fields, layer_indptr, view)
-        self.captured[bs] = _Captured(wrapper, layers, [], None)
+            view._paged_kv_indptr_buf = (layer_indptr if parts == 1 else
+                                         _region(self.layer_meta[i], self.layout, indptr_name, n + 1))
+            layers[layer] = LayerDecode(fields, layer_indptr, view, parts)
+        self.captured[bs] = _Captured(wrapper, layers, [], None, parts, tensor_cores, sub_kwargs)
 
     def _slot(self, cap: _Captured, g: int) -> BatchDecodeWithPagedKVCacheWrapper:
         while len(self.slot_pinned) <= g:
@@ -163,21 +193,23 @@ class GraphLayerPlans:
         cap = self.captured[bs]
         if len(plans) > self.max_groups:
             raise RuntimeError(f"sparrow: {len(plans)} plan groups, at most {self.max_groups}")
-        rows = bs * self.num_kv_heads
-        host = _meta_host(plans, groups, self.layout)
+        n_rows = bs * self.num_kv_heads * cap.parts  # the rows FlashInfer attends
+        wrapper_rows = [self._wrapper_rows(p, cap.parts, plan_args[3]) for p in plans]
+        sub_rows = [host for _, host in wrapper_rows] if cap.parts > 1 else None
+        host = _meta_host(plans, groups, self.layout, sub_rows)
         self.meta[:host.size].copy_(torch.from_numpy(host), non_blocking=True)
-        for g, p in enumerate(plans):
-            _, row_indptr, _ = _views(self.groups[g], self.layout, bs, rows)
+        for g, ((indptr_name, _), (indptr, last)) in enumerate(wrapper_rows):
             slot = self._slot(cap, g)
-            if self.use_tensor_cores:
+            if cap.tensor_cores:
                 self._clear_padding(cap, g)
             # Under graphs FlashInfer reads the last-page lengths from the buffer the copy above filled; the
             # host array gives their count, and tensor-core planning reads it (no device -> host copy).
-            # ``plan_kwargs`` holds the KV split (``determinism.DecodeSplit.plan_kwargs``).
-            fast_decode_plan(slot, row_indptr, self.indices, torch.from_numpy(p.last_page_len), *plan_args,
-                             global_override_indptr_cpu=torch.from_numpy(p.row_indptr), **plan_kwargs)
+            # ``plan_kwargs`` holds the KV split (``determinism.DecodeSplit.plan_kwargs``); sub-rows: unsplit.
+            fast_decode_plan(slot, _region(self.groups[g], self.layout, indptr_name, n_rows + 1), self.indices,
+                             torch.from_numpy(last), *plan_args, global_override_indptr_cpu=torch.from_numpy(indptr),
+                             **(cap.sub_kwargs or plan_kwargs))
             self._check_layout(cap, slot._plan_info, bs)
-        n = plan_region_bytes(cap.plan_info, self.use_tensor_cores)
+        n = plan_region_bytes(cap.plan_info, cap.tensor_cores)
         if n > self.ws_bytes:
             raise RuntimeError(f"sparrow: FlashInfer's decode plan needs {n} bytes, the slots hold {self.ws_bytes}")
         torch.index_select(self.groups, 0, self.group_of_layer, out=self.layer_meta)

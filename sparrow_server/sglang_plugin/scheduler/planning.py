@@ -189,28 +189,32 @@ def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]
     return out
 
 
-def packed_layout(max_bs: int, num_kv_heads: int) -> dict[str, tuple[int, int]]:
-    """Offsets (start, length) in the flat int32 metadata buffer copied host -> device each step."""
+def packed_layout(max_bs: int, num_kv_heads: int, max_parts: int = 1) -> dict[str, tuple[int, int]]:
+    """Offsets (start, length) in the flat int32 metadata buffer copied host -> device each step; with
+    ``max_parts`` > 1 also the sub-rows' pointers and last-page lengths (``split_rows``, up to that many a row)."""
     layout, off = {}, 0
-    for name in REQUEST_FIELDS:
-        layout[name] = (off, max_bs)
-        off += max_bs
-    layout["row_indptr"] = (off, max_bs * num_kv_heads + 1)
-    off += max_bs * num_kv_heads + 1
-    layout["last_page_len"] = (off, max_bs * num_kv_heads)
-    off += max_bs * num_kv_heads
+    rows = max_bs * num_kv_heads
+    regions = [(name, max_bs) for name in REQUEST_FIELDS] + [("row_indptr", rows + 1), ("last_page_len", rows)]
+    if max_parts > 1:
+        regions += [("sub_indptr", rows * max_parts + 1), ("sub_last_page_len", rows * max_parts)]
+    for name, n in regions:
+        layout[name] = (off, n)
+        off += n
     layout["_total"] = (0, off)
     return layout
 
 
-def pack(plan: StepPlan, layout: dict[str, tuple[int, int]]) -> np.ndarray:
-    """Flat int32 host buffer in ``layout`` order; entries past the batch are zero."""
+def pack(plan: StepPlan, layout: dict[str, tuple[int, int]],
+         sub_rows: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """Flat int32 host buffer in ``layout`` order; entries past the batch are zero. ``sub_rows``: the plan's
+    ``split_rows``, packed into the layout's sub-row regions."""
     buf = np.zeros(layout["_total"][1], dtype=np.int32)
-    for name in REQUEST_FIELDS:
-        start, _ = layout[name]
-        buf[start:start + plan.batch_size] = getattr(plan, name)
-    start, _ = layout["row_indptr"]
-    buf[start:start + plan.row_indptr.shape[0]] = plan.row_indptr
-    start, _ = layout["last_page_len"]
-    buf[start:start + plan.last_page_len.shape[0]] = plan.last_page_len
+    arrays = {name: getattr(plan, name) for name in REQUEST_FIELDS}
+    arrays.update(row_indptr=plan.row_indptr, last_page_len=plan.last_page_len)
+    if sub_rows is not None:
+        arrays.update(sub_indptr=sub_rows[0], sub_last_page_len=sub_rows[1])
+    for name, values in arrays.items():
+        start, n = layout[name]
+        assert values.shape[0] <= n, (name, values.shape, n)
+        buf[start:start + values.shape[0]] = values
     return buf
