@@ -16,7 +16,8 @@ A thin adapter over SGLang's ``FlashInferAttnBackend``:
   (exact radix-select top-k, the row's scores held in registers when they fit, else streamed,
   fused with writing the FlashInfer page ids into the wrapper's index buffer), or for a fused
   selection variant one launch of both, a program per (request, KV head) row; then FlashInfer
-  decode over the selected pages.
+  decode over the selected pages (with ``SPARROW_SUB_ROWS`` N > 1, under CUDA graphs: each row's pages as N rows of
+  their own on FlashInfer's tensor cores, unsplit, their states merged by ``kernels.merge``).
 Deterministic inference (``--enable-deterministic-inference``): SGLang's parent class plans prefill and
 the dense layers batch-invariantly; ``determinism.backend_splits`` gives the sparse plans the same
 policy (tensor-core decode, no KV split under CUDA graphs, a fixed split eagerly), so a request's
