@@ -55,7 +55,7 @@ class PluginConfigError(ValueError):
         super().__init__(f"{field_name}={value!r}: {reason}")
 
 
-def _int_env(env, name: str, default: int, minimum: int) -> int:
+def _int_env(env, name: str, default: int, minimum: int, maximum: int | None = None) -> int:
     text = env.get(name, str(default))
     try:
         value = int(text)
@@ -63,6 +63,8 @@ def _int_env(env, name: str, default: int, minimum: int) -> int:
         raise PluginConfigError(name, text, "must be an integer") from None
     if value < minimum:
         raise PluginConfigError(name, value, f"must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise PluginConfigError(name, value, f"must be <= {maximum}")
     return value
 
 
@@ -105,11 +107,8 @@ class PluginConfig:
         variant = env.get(ENV_SELECT_VARIANT, DEFAULT_SELECT_VARIANT)
         if variant not in SELECT_VARIANTS:
             raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
-        sub_rows = _int_env(env, ENV_SUB_ROWS, DEFAULT_SUB_ROWS, 1)
-        if sub_rows > MAX_SUB_ROWS:
-            raise PluginConfigError(ENV_SUB_ROWS, sub_rows, f"must be <= {MAX_SUB_ROWS}")
         return cls(
-            sub_rows=sub_rows,
+            sub_rows=_int_env(env, ENV_SUB_ROWS, DEFAULT_SUB_ROWS, 1, MAX_SUB_ROWS),
             exact_stride=_int_env(env, ENV_EXACT_STRIDE, DEFAULT_EXACT_STRIDE, 0),
             exact_max_mib=_int_env(env, ENV_EXACT_MAX_MIB, DEFAULT_EXACT_MAX_MIB, 0),
             default_schedule=env.get(ENV_DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),

@@ -68,9 +68,7 @@ def _region(buf: torch.Tensor, layout, name: str, n: int) -> torch.Tensor:
 
 def _views(buf: torch.Tensor, layout, bs: int, rows: int) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """(fields [bs], row_indptr [rows + 1], last_page_len [rows]) of one packed plan ``buf``."""
-    def at(name, n):
-        start, _ = layout[name]
-        return buf[start:start + n]
+    at = lambda name, n: _region(buf, layout, name, n)  # noqa: E731
     return {f: at(f, bs) for f in REQUEST_FIELDS}, at("row_indptr", rows + 1), at("last_page_len", rows)
 
 
