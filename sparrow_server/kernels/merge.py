@@ -2,7 +2,7 @@
 attends each sub-row on its own and this kernel merges them, one program a row, in float32.
 
 Why: past about two rows per SM FlashInfer's CUDA-core decode splits each row's pages so that the SMs run uneven
-loads: at 32K x 34 (272 rows) it read the selected KV at 0.78-0.84 of the dense decode's bandwidth on three H200 hosts,
+loads: at 32K x 34 (272 rows) it read the selected KV at 0.78-0.84 of the dense decode's bandwidth on four H200 hosts,
 at 16K x 64 at 0.79-0.86 (``benchmarks/results/speed/call37/``). Four sub-rows a row, each unsplit on the tensor-core
 kernel, then this merge: 154.1 against 167.1 us a layer at 32K x 34, 235.4 against 274.8 at 16K x 64 (one host; at
 batch 16 and 28 the CUDA-core kernel is faster). FlashInfer fixes a split only outside CUDA graphs (its graph plan
