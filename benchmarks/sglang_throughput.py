@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import statistics
@@ -173,20 +174,21 @@ def measure(size, backends, work_dir, out_dir, args, schedule, share):
         per, done = {}, None
         for j, backend in enumerate(backends):
             per[backend], cfg = run_backend(size, backend, work_dir, out_dir, args, schedule,
-                                            share_s=share if j == 0 and len(backends) > 1 else None, only=done)
+                                            share_s=share if j == 0 and len(backends) > 1 else None, only=done,
+                                            port=args.port)
             done = measured(per[backend])
     return per, cfg, set.intersection(*(measured(per[b]) for b in backends))
 
 
 def run_parallel(size, backends, work_dir, out_dir, args, schedule):
-    """Each backend on its own card (GPU i, port 30100 + i) at the same time, the same workloads and
+    """Each backend on its own card (GPU i, port ``--port`` + i) at the same time, the same workloads and
     prompts; no deadline (the caller's device call bounds it). Each backend's measurements are saved as
     it finishes (``partial-SIZE-BACKEND.json``): the sparse half ends first, and a call cut during the dense
     half still returns it."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     with ThreadPoolExecutor(len(backends)) as pool:
-        futs = {pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=30100 + i): b
+        futs = {pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=args.port + i): b
                 for i, b in enumerate(backends)}
         done = {}
         for fut in as_completed(futs):
@@ -280,6 +282,9 @@ def main() -> int:
     ap.add_argument("--parallel-cards", action="store_true",
                     help="dense on GPU 0 and sparse on GPU 1 at once (a 2-GPU host), each the same workloads; "
                          "the JSON says so")
+    ap.add_argument("--port", type=int, default=30100,
+                    help="the server's port (--parallel-cards: GPU i's is this + i); two split runs at once on "
+                         "one host each need their own")
     ap.add_argument("--time-budget-s", type=float, default=560)
     ap.add_argument("--note", default="")
     ap.add_argument("--out-dir", default=".")
@@ -303,7 +308,8 @@ def main() -> int:
               "command": " ".join(sys.argv), "note": args.note, "context_length": args.context_length,
               "max_running_requests": args.max_running_requests, "tp_size": args.tp_size,
               "flags": server_flags(args), "runs": [],
-              "parallel_on_two_cards": bool(args.parallel_cards)}
+              "parallel_on_two_cards": bool(args.parallel_cards),
+              "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     backends = args.backends.split(",")
     sizes = args.sizes.split(",")
     for i, size in enumerate(sizes):

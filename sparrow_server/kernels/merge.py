@@ -12,6 +12,7 @@ A partial state is FlashInfer's: the sub-row's output and its log-sum-exp of the
 empty sub-row: output 0, log-sum-exp -inf, weight 0)."""
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -47,4 +48,14 @@ def merge_parts(v: Tensor, s: Tensor, parts: int, out: Tensor) -> Tensor:
     assert v.is_contiguous() and s.is_contiguous() and out.is_contiguous()
     if rows:
         _merge_kernel[(rows,)](v, s, out, PARTS=parts, G=g, GP=triton.next_power_of_2(g), D=d)
+    return out
+
+
+def sub_row_queries(q: Tensor, parts: int, lead: int, out: Tensor | None = None) -> Tensor:
+    """q [rows, G, D] -> [lead + rows * parts, G, D]: ``lead`` rows left unwritten (empty rows, which FlashInfer reads
+    no key for), then each row's query once per sub-row (sub-row ``lead + r * parts + c`` of row ``r``). One copy."""
+    rows = q.shape[0]
+    if out is None:
+        out = torch.empty(lead + rows * parts, *q.shape[1:], dtype=q.dtype, device=q.device)
+    out[lead:].view(rows, parts, *q.shape[1:]).copy_(q[:, None].expand(rows, parts, *q.shape[1:]))
     return out

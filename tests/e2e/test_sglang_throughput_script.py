@@ -56,7 +56,7 @@ def test_parallel_cards_runs_each_backend_on_its_own_card_and_port(monkeypatch, 
 
     T = _bench()
     calls = _fake_backends(T, monkeypatch, fail={("sparrow", 32)})
-    args = types.SimpleNamespace(parallel_cards=True)
+    args = types.SimpleNamespace(parallel_cards=True, port=30100)
     per, cfg, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, tmp_path, args, None, 100.0)
     assert sorted((c["backend"], c["card"], c["port"], c["only"]) for c in calls) == [
         ("flashinfer", 0, 30100, None), ("sparrow", 1, 30101, None)]
@@ -73,9 +73,9 @@ def test_back_to_back_the_second_backend_runs_what_the_first_measured(monkeypatc
     T = _bench()
     calls = _fake_backends(T, monkeypatch, fail={("flashinfer", 32)})
     per, _, done = T.measure("qwen3-1.7b", ["flashinfer", "sparrow"], None, None,
-                             types.SimpleNamespace(parallel_cards=False), None, 100.0)
-    assert [(c["backend"], c["card"], c["only"]) for c in calls] == [
-        ("flashinfer", None, None), ("sparrow", None, {("decode_ctx", 32768, 16)})]
+                             types.SimpleNamespace(parallel_cards=False, port=30200), None, 100.0)
+    assert [(c["backend"], c["card"], c["port"], c["only"]) for c in calls] == [
+        ("flashinfer", None, 30200, None), ("sparrow", None, 30200, {("decode_ctx", 32768, 16)})]
     assert done == {("decode_ctx", 32768, 16)} and list(per["sparrow"]) == [("decode_ctx", 32768, 16)]
 
 

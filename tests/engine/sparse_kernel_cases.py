@@ -570,3 +570,18 @@ def test_merge_of_sub_rows_is_the_attention_over_their_union(group):
     want = torch.stack(want)
     assert torch.allclose(R.merge_parts(v_parts, s_parts, parts), want, atol=1e-5)
     assert torch.allclose(out.float(), want, atol=2e-2, rtol=1e-2), (out.float() - want).abs().max()
+
+
+def test_sub_row_queries_give_each_sub_row_its_own_rows_query():
+    """``merge.sub_row_queries``: after ``lead`` rows left as they were, sub-row ``lead + r * parts + c`` holds row
+    ``r``'s query (a query of another row, or one row's queries tiled, would attend the wrong keys)."""
+    from sparrow_server.kernels.merge import sub_row_queries
+
+    q = torch.randn(5, 2, 8, generator=torch.Generator().manual_seed(0))
+    out = torch.full((1 + 5 * 3, 2, 8), 7.0)
+    assert sub_row_queries(q, 3, 1, out) is out
+    assert (out[0] == 7.0).all()
+    for r in range(5):
+        for c in range(3):
+            assert torch.equal(out[1 + r * 3 + c], q[r]), (r, c)
+    assert sub_row_queries(q, 2, 1).shape == (11, 2, 8)

@@ -243,11 +243,12 @@ def test_a_fixed_split_on_cuda_core_wrappers_is_refused_as_flashinfer_refuses_it
 
 def test_a_batch_size_captured_in_sub_rows_plans_each_layers_sub_rows_unsplit_on_tensor_cores(LP):
     """A batch size captured with ``parts`` 2 beside one captured whole: its wrapper is a tensor-core one, every
-    plan of it (capture, each group per step) gets the sub-rows of its group's plan (``split_rows``) unsplit
+    plan of it (capture, each group per step) gets the sub-rows of its group's plan after an empty row
+    (``sub_row_plan``) unsplit
     (``NO_SPLIT``), whatever split the step passes, and each layer reads its own group's sub-rows through its own
     buffer, its row pointers (the selection's) still the rows'. The whole batch size keeps the step's split."""
     from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, NO_SPLIT
-    from sparrow_server.sglang_plugin.scheduler.planning import split_rows
+    from sparrow_server.sglang_plugin.scheduler.planning import EMPTY_ROWS, sub_row_plan
 
     gp = LP.GraphLayerPlans(LAYERS, MAX_BS, H, PCAP, device="cpu", max_parts=4)
     kwargs = _split_kwargs(FLASHINFER_CHOICE)
@@ -261,7 +262,8 @@ def test_a_batch_size_captured_in_sub_rows_plans_each_layers_sub_rows_unsplit_on
     assert groups.num_groups == 2
     for layer, decode in layers.items():
         want = plans[groups.group_of(layer)]
-        sub_indptr, sub_last = split_rows(want.row_indptr, want.last_page_len, 2, PS)
+        sub_indptr, sub_last = sub_row_plan(want.row_indptr, want.last_page_len, 2, PS)
+        assert len(sub_indptr) == EMPTY_ROWS + 4 * H * 2 + 1 and sub_indptr[EMPTY_ROWS] == 0
         plan_indptr, indptr_buf, _ = decode.wrapper.forward()
         assert decode.parts == 2 and decode.wrapper.use_tensor_cores
         assert plan_indptr == indptr_buf.tolist() == sub_indptr.tolist(), layer
@@ -275,6 +277,6 @@ def test_a_batch_size_captured_in_sub_rows_plans_each_layers_sub_rows_unsplit_on
     plan, groups, plans = _step([_schedule("a"), odd], [900, 700])
     _check_layers(gp.step(2, plans, groups, *ARGS[:1], kwargs), plans, groups)
     assert {c["tensor_cores"] for c in CALLS} == {False} and all(c["disable_split_kv"] is False for c in CALLS)
-    assert gp.ws_bytes == LP.workspace_bytes(MAX_BS * H * 4, True)
+    assert gp.ws_bytes == LP.workspace_bytes(EMPTY_ROWS + MAX_BS * H * 4, True)
     with pytest.raises(ValueError, match="parts=8"):
         gp.capture(1, torch.zeros(16, dtype=torch.uint8), plan, *ARGS[:1], kwargs, parts=8)

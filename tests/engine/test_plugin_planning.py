@@ -226,3 +226,19 @@ def test_split_rows_covers_each_row_evenly_and_ends_on_its_last_page():
     assert (tokens == 0).sum() == 4  # the 3-page row's one and the 1-page row's three: 0 tokens each
     with pytest.raises(ValueError, match="parts=0"):
         split_rows(row_indptr, last, 0, 16)
+
+
+def test_sub_row_plan_puts_an_empty_row_before_the_sub_rows():
+    """``sub_row_plan``: ``EMPTY_ROWS`` rows of no page (FlashInfer's graph padding reruns row 0: it must read
+    nothing), then ``split_rows``'s sub-rows unchanged."""
+    from sparrow_server.sglang_plugin.scheduler.planning import EMPTY_ROWS, split_rows, sub_row_plan
+
+    row_indptr = np.array([0, 256, 259, 389], dtype=np.int32)
+    last = np.array([16, 4, 9], dtype=np.int32)
+    sub, sub_last = split_rows(row_indptr, last, 2, 16)
+    plan, plan_last = sub_row_plan(row_indptr, last, 2, 16)
+    assert EMPTY_ROWS >= 1 and plan.dtype == plan_last.dtype == np.int32
+    assert plan[:EMPTY_ROWS + 1].tolist() == [0] * (EMPTY_ROWS + 1)  # the empty rows: no page
+    assert plan[EMPTY_ROWS:].tolist() == sub.tolist() and plan_last[EMPTY_ROWS:].tolist() == sub_last.tolist()
+    tokens = (np.diff(plan).astype(np.int64) - 1).clip(min=0) * 16 + plan_last
+    assert tokens[:EMPTY_ROWS].tolist() == [0] * EMPTY_ROWS  # FlashInfer's length of a row of no page: 0

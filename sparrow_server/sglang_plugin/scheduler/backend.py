@@ -44,7 +44,7 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferAttnBackend
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sparrow_server.kernels import sparse_decode as K
-from sparrow_server.kernels.merge import merge_parts
+from sparrow_server.kernels.merge import merge_parts, sub_row_queries
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
 from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, backend_splits
@@ -53,7 +53,7 @@ from sparrow_server.sglang_plugin.scheduler.layer_groups import (
     LayerGroups, extra_dense_layers, group_layers, group_plans,
 )
 from sparrow_server.sglang_plugin.scheduler.layer_plans import EagerLayerPlans, GraphLayerPlans, LayerDecode
-from sparrow_server.sglang_plugin.scheduler.planning import StepPlan, plan_step, rank_kv_heads
+from sparrow_server.sglang_plugin.scheduler.planning import EMPTY_ROWS, StepPlan, plan_step, rank_kv_heads
 from sparrow_server.sglang_plugin.scheduler.selection_debug import recorder_from_env
 from sparrow_server.sglang_plugin.scheduler.landmarks import kv_cache_region
 
@@ -310,8 +310,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
 
     @staticmethod
     def _attend_sub_rows(decode: LayerDecode, q: torch.Tensor, kv: tuple, scales: dict) -> torch.Tensor:
-        """Each row's query once per sub-row, FlashInfer's output and log-sum-exp of each sub-row, merged."""
-        rows, parts = q.shape[0], decode.parts
-        q_parts = q[:, None].expand(rows, parts, *q.shape[1:]).reshape(rows * parts, *q.shape[1:])
-        v, lse = decode.wrapper.forward_return_lse(q_parts, kv, **scales)
-        return merge_parts(v, lse, parts, torch.empty_like(q))
+        """Each row's query once per sub-row, FlashInfer's output and log-sum-exp of each sub-row (after the
+        plan's empty rows), merged."""
+        v, lse = decode.wrapper.forward_return_lse(sub_row_queries(q, decode.parts, EMPTY_ROWS), kv, **scales)
+        return merge_parts(v[EMPTY_ROWS:], lse[EMPTY_ROWS:], decode.parts, torch.empty_like(q))

@@ -108,7 +108,7 @@ def group_plans(plan: StepPlan, groups: LayerGroups) -> list[StepPlan]:
 def pack_groups(plans: Sequence[StepPlan], layout: dict[str, tuple[int, int]],
                 sub_rows: Sequence[tuple[np.ndarray, np.ndarray]] | None = None) -> np.ndarray:
     """The groups' packed plans back to back, each ``layout["_total"][1]`` int32 long (``sub_rows``: each
-    group's ``planning.split_rows``)."""
+    group's ``planning.sub_row_plan``)."""
     subs = [None] * len(plans) if sub_rows is None else sub_rows
     if len(plans) == 1:
         return pack(plans[0], layout, subs[0])

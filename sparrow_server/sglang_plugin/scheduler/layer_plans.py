@@ -33,7 +33,9 @@ from flashinfer import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 
 from sparrow_server.sglang_plugin.scheduler.determinism import NO_SPLIT
 from sparrow_server.sglang_plugin.scheduler.layer_groups import LayerGroups, pack_groups, plan_region_bytes
-from sparrow_server.sglang_plugin.scheduler.planning import REQUEST_FIELDS, StepPlan, packed_layout, split_rows
+from sparrow_server.sglang_plugin.scheduler.planning import (
+    EMPTY_ROWS, REQUEST_FIELDS, StepPlan, packed_layout, sub_row_plan,
+)
 
 GRID_BOUND = 16384  # above FlashInfer's padded batch (blocks per SM x SMs) on any card we run
 
@@ -48,13 +50,18 @@ def workspace_bytes(max_rows: int, tensor_cores: bool = False) -> int:
 @dataclass
 class LayerDecode:
     """What one sparse layer reads in a step: ``REQUEST_FIELDS`` -> int32 [bs], row pointers, wrapper. ``parts``
-    > 1: the wrapper attends each row as that many sub-rows (``planning.split_rows``), whose states the backend
-    merges (``kernels.merge``)."""
+    > 1: the wrapper attends each row as that many sub-rows after ``planning.EMPTY_ROWS`` empty rows
+    (``planning.sub_row_plan``), whose states the backend merges (``kernels.merge``)."""
 
     fields: dict
     row_indptr: torch.Tensor
     wrapper: BatchDecodeWithPagedKVCacheWrapper
     parts: int = 1
+
+
+def _wrapper_batch(rows: int, parts: int) -> int:
+    """Rows FlashInfer attends for ``rows`` (request, KV head) rows in ``parts`` sub-rows each."""
+    return rows if parts == 1 else EMPTY_ROWS + rows * parts
 
 
 def _meta_host(plans: list[StepPlan], groups: LayerGroups, layout, sub_rows=None) -> np.ndarray:
@@ -134,7 +141,7 @@ class GraphLayerPlans:
         self.layer_meta = torch.zeros(n_layers, self.stride, dtype=torch.int32, device=dev)
         self.ws_bytes = workspace_bytes(max_bs * num_kv_heads, use_tensor_cores)
         if max_parts > 1:
-            self.ws_bytes = max(self.ws_bytes, workspace_bytes(max_bs * num_kv_heads * max_parts, True))
+            self.ws_bytes = max(self.ws_bytes, workspace_bytes(_wrapper_batch(max_bs * num_kv_heads, max_parts), True))
         self.slot_ws = torch.zeros(self.max_groups, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.layer_ws = torch.zeros(n_layers, self.ws_bytes, dtype=torch.uint8, device=dev)
         self.slot_pinned: list[torch.Tensor] = []
@@ -146,7 +153,7 @@ class GraphLayerPlans:
         """(region names, (pointers, last-page lengths) on the host) of the rows FlashInfer attends."""
         if parts == 1:
             return ("row_indptr", "last_page_len"), (plan.row_indptr, plan.last_page_len)
-        return ("sub_indptr", "sub_last_page_len"), split_rows(plan.row_indptr, plan.last_page_len, parts, page_size)
+        return ("sub_indptr", "sub_last_page_len"), sub_row_plan(plan.row_indptr, plan.last_page_len, parts, page_size)
 
     def capture(self, bs: int, workspace: torch.Tensor, plan: StepPlan, plan_args, plan_kwargs,
                 parts: int = 1) -> None:
@@ -154,7 +161,7 @@ class GraphLayerPlans:
         if not 1 <= parts <= self.max_parts:
             raise ValueError(f"parts={parts}: must be in [1, {self.max_parts}]")
         rows = bs * self.num_kv_heads
-        n = rows * parts
+        n = _wrapper_batch(rows, parts)
         (indptr_name, last_name), (indptr, last) = self._wrapper_rows(plan, parts, plan_args[3])
         tensor_cores = self.use_tensor_cores or parts > 1
         sub_kwargs = {**plan_kwargs, **NO_SPLIT.plan_kwargs()} if parts > 1 else None
@@ -191,7 +198,7 @@ class GraphLayerPlans:
         cap = self.captured[bs]
         if len(plans) > self.max_groups:
             raise RuntimeError(f"sparrow: {len(plans)} plan groups, at most {self.max_groups}")
-        n_rows = bs * self.num_kv_heads * cap.parts  # the rows FlashInfer attends
+        n_rows = _wrapper_batch(bs * self.num_kv_heads, cap.parts)  # the rows FlashInfer attends
         wrapper_rows = [self._wrapper_rows(p, cap.parts, plan_args[3]) for p in plans]
         sub_rows = [host for _, host in wrapper_rows] if cap.parts > 1 else None
         host = _meta_host(plans, groups, self.layout, sub_rows)
@@ -220,7 +227,7 @@ class GraphLayerPlans:
         the batch's entries. This slot's pinned staging buffer is shared by every captured batch size, so a
         larger batch's entries would stay in the padding and be run as work (rows past this batch: reads
         and writes out of range). Zeroed, the padding recomputes row 0 into its own place, as SGLang's
-        fresh per-batch-size buffers do."""
+        fresh per-batch-size buffers do; in a sub-row plan row 0 is empty (``planning.sub_row_plan``)."""
         n = plan_region_bytes(cap.plan_info, True) if cap.plan_info is not None else self.ws_bytes
         self.slot_pinned[g][:n].zero_()
 

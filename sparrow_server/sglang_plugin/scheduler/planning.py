@@ -158,6 +158,9 @@ def rank_plan(plan: StepPlan, heads: Sequence[int]) -> StepPlan:
     return replace(plan, num_kv_heads=int(heads.size), row_indptr=row_indptr, last_page_len=plan.last_page_len[rows])
 
 
+EMPTY_ROWS = 1  # rows before the sub-rows of a ``sub_row_plan``
+
+
 def split_rows(row_indptr: np.ndarray, last_page_len: np.ndarray, parts: int,
                page_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's pages as ``parts`` sub-rows of the same index buffer, for a decode that attends the sub-rows on
@@ -176,6 +179,20 @@ def split_rows(row_indptr: np.ndarray, last_page_len: np.ndarray, parts: int,
     return sub_indptr, sub_last.ravel()
 
 
+def sub_row_plan(row_indptr: np.ndarray, last_page_len: np.ndarray, parts: int,
+                 page_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows a sub-row decode hands FlashInfer: ``EMPTY_ROWS`` empty row(s), then ``split_rows``'s sub-rows
+    (pointers [EMPTY_ROWS + rows * parts + 1], last-page lengths [EMPTY_ROWS + rows * parts]).
+
+    Why the empty row: under CUDA graphs FlashInfer's tensor-core plan pads its work list (to the larger of two CTAs
+    an SM and an eighth more than the rows: ``PrefillSplitQOKVIndptr``) with entries the kernel runs (no validity mask
+    without a KV split), each of which ``layer_plans`` leaves at row 0. Row 0 empty, they read no page; a sub-row
+    there, they reread its pages: at 33 x 32K in 2 sub-rows 65 extra CTAs of 128 pages each beside the 528."""
+    indptr, last = split_rows(row_indptr, last_page_len, parts, page_size)
+    return (np.concatenate([np.zeros(EMPTY_ROWS, np.int32), indptr]),
+            np.concatenate([np.zeros(EMPTY_ROWS, np.int32), last]))
+
+
 def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]]:
     """Reference of what the GPU index writer produces, per row, as logical page numbers.
 
@@ -191,12 +208,13 @@ def logical_page_lists(plan: StepPlan, topk_pages: np.ndarray) -> list[list[int]
 
 def packed_layout(max_bs: int, num_kv_heads: int, max_parts: int = 1) -> dict[str, tuple[int, int]]:
     """Offsets (start, length) in the flat int32 metadata buffer copied host -> device each step; with
-    ``max_parts`` > 1 also the sub-rows' pointers and last-page lengths (``split_rows``, up to that many a row)."""
+    ``max_parts`` > 1 also the sub-rows' pointers and last-page lengths (``sub_row_plan``, up to that many a row)."""
     layout, off = {}, 0
     rows = max_bs * num_kv_heads
     regions = [(name, max_bs) for name in REQUEST_FIELDS] + [("row_indptr", rows + 1), ("last_page_len", rows)]
     if max_parts > 1:
-        regions += [("sub_indptr", rows * max_parts + 1), ("sub_last_page_len", rows * max_parts)]
+        sub = EMPTY_ROWS + rows * max_parts
+        regions += [("sub_indptr", sub + 1), ("sub_last_page_len", sub)]
     for name, n in regions:
         layout[name] = (off, n)
         off += n
@@ -207,7 +225,7 @@ def packed_layout(max_bs: int, num_kv_heads: int, max_parts: int = 1) -> dict[st
 def pack(plan: StepPlan, layout: dict[str, tuple[int, int]],
          sub_rows: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Flat int32 host buffer in ``layout`` order; entries past the batch are zero. ``sub_rows``: the plan's
-    ``split_rows``, packed into the layout's sub-row regions."""
+    ``sub_row_plan``, packed into the layout's sub-row regions."""
     buf = np.zeros(layout["_total"][1], dtype=np.int32)
     arrays = {name: getattr(plan, name) for name in REQUEST_FIELDS}
     arrays.update(row_indptr=plan.row_indptr, last_page_len=plan.last_page_len)

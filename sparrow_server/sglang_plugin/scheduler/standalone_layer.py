@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, DecodeSplit
-from sparrow_server.sglang_plugin.scheduler.planning import (REQUEST_FIELDS, StepPlan, pack, packed_layout, plan_step,
-                                                           split_rows)
+from sparrow_server.sglang_plugin.scheduler.planning import (EMPTY_ROWS, REQUEST_FIELDS, StepPlan, pack, packed_layout,
+                                                           plan_step, sub_row_plan)
 from sparrow_server.sparsity.schedule import Schedule
 from sparrow_server.sparsity.selection import select_pages
 
@@ -146,7 +146,7 @@ class SparseLayer(SparseSelection):
     """Plans once (eager FlashInfer plan) and runs select + attend for one layer's pool, on the
     kernel and KV split the server would plan (``split``: FlashInfer's CUDA-core decode and its own split unless
     given, as outside deterministic inference at a GQA group under 4). ``parts`` > 1: each row's pages as that many
-    sub-rows (``planning.split_rows``), each attended by FlashInfer at ``split`` on its own copy of the row's query,
+    sub-rows after the empty row(s) the server plans (``planning.sub_row_plan``), each attended by FlashInfer at ``split`` on its own copy of the row's query,
     their partial states (outputs in the query's dtype: FlashInfer 0.6.15 builds no float32 output for a bfloat16
     query) merged by ``kernels.merge``."""
 
@@ -160,7 +160,7 @@ class SparseLayer(SparseSelection):
         self.parts = parts
         indptr, last = plan.row_indptr, plan.last_page_len
         if parts > 1:
-            indptr, last = split_rows(indptr, last, parts, case.page_size)
+            indptr, last = sub_row_plan(indptr, last, parts, case.page_size)
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
                                                                      use_tensor_cores=split.use_tensor_cores)
         self.wrapper.plan(torch.from_numpy(indptr), self.indices, torch.from_numpy(last), self.g, 1, case.q.shape[2],
@@ -169,9 +169,10 @@ class SparseLayer(SparseSelection):
         rows, d = plan.batch_size * self.h, case.q.shape[2]
         self.out = torch.empty(rows, self.g, d, dtype=case.q.dtype, device=case.q.device)
         if parts > 1:
-            self.q_parts = torch.empty(rows, parts, self.g, d, dtype=case.q.dtype, device=case.q.device)
-            self.v_parts = torch.empty(rows * parts, self.g, d, dtype=case.q.dtype, device=case.q.device)
-            self.s_parts = torch.empty(rows * parts, self.g, dtype=torch.float32, device=case.q.device)
+            n = EMPTY_ROWS + rows * parts
+            self.q_parts = torch.empty(n, self.g, d, dtype=case.q.dtype, device=case.q.device)
+            self.v_parts = torch.empty(n, self.g, d, dtype=case.q.dtype, device=case.q.device)
+            self.s_parts = torch.empty(n, self.g, dtype=torch.float32, device=case.q.device)
 
     def attend(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """FlashInfer decode over the index buffer's pages at the scale last set (the plan's 1 / sqrt(head_dim)
@@ -179,15 +180,12 @@ class SparseLayer(SparseSelection):
         q = self.case.q.view(-1, self.g, self.case.q.shape[2])
         if self.parts == 1:
             return self.wrapper.run(q, self.kv, out=out)
-        from sparrow_server.kernels.merge import merge_parts
+        from sparrow_server.kernels.merge import merge_parts, sub_row_queries
 
-        self.wrapper.run(self._query_parts(q), self.kv, out=self.v_parts, lse=self.s_parts, return_lse=True)
-        return merge_parts(self.v_parts, self.s_parts, self.parts, self.out if out is None else out)
-
-    def _query_parts(self, q: torch.Tensor) -> torch.Tensor:
-        """Each row's query once per sub-row: [rows * parts, G, D]."""
-        self.q_parts.copy_(q[:, None].expand(self.q_parts.shape))
-        return self.q_parts.view(-1, self.g, q.shape[2])
+        self.wrapper.run(sub_row_queries(q, self.parts, EMPTY_ROWS, self.q_parts), self.kv, out=self.v_parts,
+                         lse=self.s_parts, return_lse=True)
+        return merge_parts(self.v_parts[EMPTY_ROWS:], self.s_parts[EMPTY_ROWS:], self.parts,
+                           self.out if out is None else out)
 
     def __call__(self, scale: float, cache_loc=None) -> torch.Tensor:
         """Score, select and attend at ``scale`` (FlashInfer's ``forward``: a new output tensor)."""
@@ -195,7 +193,8 @@ class SparseLayer(SparseSelection):
         q = self.case.q.view(-1, self.g, self.case.q.shape[2])
         if self.parts == 1:
             return self.wrapper.forward(q, self.kv, sm_scale=scale)
-        from sparrow_server.kernels.merge import merge_parts
+        from sparrow_server.kernels.merge import merge_parts, sub_row_queries
 
-        v, lse = self.wrapper.forward_return_lse(self._query_parts(q), self.kv, sm_scale=scale)
-        return merge_parts(v, lse, self.parts, torch.empty_like(self.out))
+        v, lse = self.wrapper.forward_return_lse(sub_row_queries(q, self.parts, EMPTY_ROWS, self.q_parts), self.kv,
+                                                 sm_scale=scale)
+        return merge_parts(v[EMPTY_ROWS:], lse[EMPTY_ROWS:], self.parts, torch.empty_like(self.out))
