@@ -6,7 +6,10 @@ loads: at 32K x 34 (272 rows) it read the selected KV at 0.78-0.84 of the dense 
 at 16K x 64 at 0.79-0.86 (``benchmarks/results/speed/call37/``). Four sub-rows a row, each unsplit on the tensor-core
 kernel, then this merge: 154.1 against 167.1 us a layer at 32K x 34, 235.4 against 274.8 at 16K x 64 (one host; at
 batch 16 and 28 the CUDA-core kernel is faster). FlashInfer fixes a split only outside CUDA graphs (its graph plan
-bounds the work list by the rows); sub-rows planned as rows of their own, unsplit, hold under a graph.
+bounds the work list by the rows); sub-rows planned as rows of their own, unsplit, hold under a graph. Served they
+did not gain (``SPARROW_SUB_ROWS``, off by default; ``benchmarks/results/speed/call38/``): SGLang replays 33-34
+requests in its graph of 40, where FlashInfer's CUDA-core split is fast (140.4 us a layer at 32K x 34, against
+158.8 for 2 sub-rows' kernel, plus 4.2 for the query copy and this merge).
 
 A partial state is FlashInfer's: the sub-row's output and its log-sum-exp of the scaled logits in base 2 (an
 empty sub-row: output 0, log-sum-exp -inf, weight 0)."""
