@@ -19,6 +19,12 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   a fixed number of pages a chunk), each against the dense decode on the same kernel at FlashInfer's own split.
   [--kernels cuda-cores,tensor-cores:parts=4]: each row's pages as 4 sub-rows, each attended unsplit on tensor
   cores, their partial states merged by ``kernels.merge``.
+  [--plan eager]: the sparse decode planned eagerly, as this bench did before call 38; by default FlashInfer plans
+  it as a server's CUDA graph does (``SparseLayer(graph=True)``: on CUDA cores the partition-KV kernel even where
+  the split gives one chunk a row), and reports each kernel's largest difference from the eager default's output.
+  A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
+  A server replays a batch at SGLang's next captured size (33-34 requests at 40, the rest one-page rows): bench
+  that size to see the plan it runs.
 """
 from __future__ import annotations
 
@@ -122,17 +128,18 @@ def kernel_parts(name: str) -> int:
     return int(parts)
 
 
-def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts: int = 1):
+def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, parts: int = 1, graph: bool = False):
     """The pool's requests at ``ctx`` tokens: the case, this step's plan and the layer (``split``: a
     ``kernel_split``; the server's own plan outside deterministic inference at a group under 4 unless given;
-    ``parts``: a ``kernel_parts``)."""
+    ``parts``: a ``kernel_parts``; ``graph``: FlashInfer's plan as under a CUDA graph, ``SparseLayer``'s)."""
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer, plan_for
 
     full, lm = pool
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
     split = kernel_split("cuda-cores") if split is None else split
-    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts)
+    return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts,
+                                   graph=graph)
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -174,15 +181,17 @@ def dense_attn_us(case, b: int, ctx: int, ws, tensor_cores: bool) -> float:
     return graph_us(lambda: dw.run(case.q, kv_pages, out=dout))
 
 
-def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str) -> tuple[float, float, float | None]:
-    """(sparse us, dense us, sub-rows: largest |difference| from the default kernel's output) of FlashInfer decode
-    of one layer on the kernel ``name``: the sparse one over the pages the default selection variant picks, the dense
-    one on the same kernel at FlashInfer's own split."""
+def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str,
+                 graph: bool = False) -> tuple[float, float, float | None]:
+    """(sparse us, dense us, sub-rows or a graph plan: largest |difference| from the default kernel's eager output)
+    of FlashInfer decode of one layer on the kernel ``name``: the sparse one over the pages the default selection
+    variant picks (planned as under a CUDA graph with ``graph``), the dense one on the same kernel at FlashInfer's
+    own split."""
     split, parts = kernel_split(name), kernel_parts(name)
-    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split, parts)
+    case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split, parts, graph)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())
     diff = None
-    if parts > 1:
+    if parts > 1 or graph:
         want = _build_layer(pool, ctx, schedule, max_context, ws)[2]
         want.indices.copy_(layer.indices)
         diff = float((layer.attend().float() - want.attend().float()).abs().max())
@@ -190,7 +199,8 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str) -> t
     return graph_us(lambda: layer.attend(out=layer.out)), dense_us, diff
 
 
-def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels) -> dict:
+def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float, variants, kernels,
+               graph: bool = True) -> dict:
     """One layer at ``ctx`` tokens x the pool's requests on a server whose context length is ``max_context``."""
     case, plan, layer = _build_layer(pool, ctx, schedule, max_context, ws)
     b = len(case.lengths)
@@ -220,7 +230,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     for name in kernels:
         extra = {}
         try:  # a JIT build the host cannot make: recorded, the other kernels still timed
-            sparse_us, dense_us, diff = attention_us(pool, ctx, schedule, max_context, ws, name)
+            sparse_us, dense_us, diff = attention_us(pool, ctx, schedule, max_context, ws, name, graph)
         except Exception as exc:
             out["attention"][name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             continue
@@ -284,6 +294,9 @@ def main() -> int:
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
                          f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
+    ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
+                    help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
+                         "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
     variants = a.variants.split(",")
@@ -303,14 +316,14 @@ def main() -> int:
     copy_tbps = copy_bandwidth_tbps()
     result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": a.group,
               "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
-              "default_variant": K.DEFAULT_SELECT_VARIANT, "cases": []}
+              "default_variant": K.DEFAULT_SELECT_VARIANT, "attention_plan": a.plan, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
     pool = build_pool(a.batch, max(contexts), a.group)
     for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:
                 continue
-            case = bench_case(pool, ctx, schedule, max_ctx, ws, copy_tbps, variants, kernels)
+            case = bench_case(pool, ctx, schedule, max_ctx, ws, copy_tbps, variants, kernels, a.plan == "graph")
             print(json.dumps(case), flush=True)
             result["cases"].append(case)
             torch.cuda.empty_cache()

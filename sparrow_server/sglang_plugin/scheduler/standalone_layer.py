@@ -148,10 +148,14 @@ class SparseLayer(SparseSelection):
     given, as outside deterministic inference at a GQA group under 4). ``parts`` > 1: each row's pages as that many
     sub-rows after the empty row(s) the server plans (``planning.sub_row_plan``), each attended by FlashInfer at ``split`` on its own copy of the row's query,
     their partial states (outputs in the query's dtype: FlashInfer 0.6.15 builds no float32 output for a bfloat16
-    query) merged by ``kernels.merge``."""
+    query) merged by ``kernels.merge``. ``graph``: FlashInfer's wrapper planned as a server's CUDA graph plans it
+    (``use_cuda_graph``, fixed buffers): its CUDA-core decode then always runs the partition-KV kernel, which an eager
+    plan skips where its split gives one chunk a row (at 32 x 32K 139.4 against 163.4 us a layer on one H200 host,
+    ``benchmarks/results/speed/call38/``), and its tensor-core plan pads its work list."""
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
-                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1):
+                 variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1,
+                 graph: bool = False):
         import flashinfer
 
         from sparrow_server.kernels import sparse_decode as K
@@ -161,8 +165,14 @@ class SparseLayer(SparseSelection):
         indptr, last = plan.row_indptr, plan.last_page_len
         if parts > 1:
             indptr, last = sub_row_plan(indptr, last, parts, case.page_size)
+        buffers = {}
+        if graph:
+            dev = case.q.device
+            buffers = dict(use_cuda_graph=True, paged_kv_indptr_buffer=torch.from_numpy(indptr).to(dev),
+                           paged_kv_indices_buffer=self.indices,
+                           paged_kv_last_page_len_buffer=torch.from_numpy(last).to(dev))
         self.wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2",
-                                                                     use_tensor_cores=split.use_tensor_cores)
+                                                                     use_tensor_cores=split.use_tensor_cores, **buffers)
         self.wrapper.plan(torch.from_numpy(indptr), self.indices, torch.from_numpy(last), self.g, 1, case.q.shape[2],
                           case.page_size, data_type=case.k_buf.dtype, q_data_type=case.q.dtype, **split.plan_kwargs())
         self.kv = (K.per_head_kv_view(case.k_buf, case.page_size), K.per_head_kv_view(case.v_buf, case.page_size))
