@@ -22,6 +22,8 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--plan eager]: the sparse decode planned eagerly, as this bench did before call 38; by default FlashInfer plans
   it as a server's CUDA graph does (``SparseLayer(graph=True)``: on CUDA cores the partition-KV kernel even where
   the split gives one chunk a row), and reports each kernel's largest difference from the eager default's output.
+  Neither plan reproduces a served replay's sparse attention at large batches (32 x 32K: 153.4 graph, 159.4 eager,
+  139.4 served, µs a layer; ``benchmarks/results/speed/call38/``): read the server's own with decode_profile.py.
   A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
   A server replays a batch at SGLang's next captured size (33-34 requests at 40, the rest one-page rows): bench
   that size to see the plan it runs.

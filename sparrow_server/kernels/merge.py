@@ -7,9 +7,9 @@ at 16K x 64 at 0.79-0.86 (``benchmarks/results/speed/call37/``). Four sub-rows a
 kernel, then this merge: 154.1 against 167.1 us a layer at 32K x 34, 235.4 against 274.8 at 16K x 64 (one host; at
 batch 16 and 28 the CUDA-core kernel is faster). FlashInfer fixes a split only outside CUDA graphs (its graph plan
 bounds the work list by the rows); sub-rows planned as rows of their own, unsplit, hold under a graph. Served they
-did not gain (``SPARROW_SUB_ROWS``, off by default; ``benchmarks/results/speed/call38/``): SGLang replays 33-34
-requests in its graph of 40, where FlashInfer's CUDA-core split is fast (140.4 us a layer at 32K x 34, against
-158.8 for 2 sub-rows' kernel, plus 4.2 for the query copy and this merge).
+did not gain (``SPARROW_SUB_ROWS``, off by default; ``benchmarks/results/speed/call38/``): the server's CUDA-core
+decode is faster than the bench's at these batches (139.4 us a layer at 32 x 32K; 140.4 at 34, which SGLang
+replays in its graph of 40, against 158.8 for 2 sub-rows' kernel plus 4.2 for the query copy and this merge).
 
 A partial state is FlashInfer's: the sub-row's output and its log-sum-exp of the scaled logits in base 2 (an
 empty sub-row: output 0, log-sum-exp -inf, weight 0)."""

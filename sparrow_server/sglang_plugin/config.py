@@ -40,9 +40,9 @@ DEFAULT_LANDMARK_DTYPE = "bfloat16"
 LANDMARK_DTYPES = ("bfloat16", "float32")
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
-# Off: served, sub-rows moved decode by -4.6% to +1.8% (32K x 16 and x 34, 16K x 64; benchmarks/results/speed/call38/).
-# The kernel bench's gains at 33-34 requests were at batches a server never replays: SGLang pads them to its captured
-# batch of 40, where FlashInfer's CUDA-core split took 140.4 us a layer against 158.8 for 2 sub-rows' kernel.
+# Off: served, 2 sub-rows moved decode by -4.8% to +4.8% over six workloads (benchmarks/results/speed/call38/). The
+# kernel bench's CUDA-core times at 32-34 requests (159-173 us a layer) were not the server's: its graph replays took
+# 139.4 (32 x 32K) and 140.4 (34, in SGLang's graph of 40) where 2 sub-rows' kernel took 158.8.
 DEFAULT_SUB_ROWS = 1
 MAX_SUB_ROWS = 16
 
