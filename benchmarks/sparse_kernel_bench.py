@@ -22,6 +22,8 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--plan eager]: the sparse decode planned eagerly, as this bench did before call 38; by default FlashInfer plans
   it as a server's CUDA graph does (``SparseLayer(graph=True)``: on CUDA cores the partition-KV kernel even where
   the split gives one chunk a row), and reports each kernel's largest difference from the eager default's output.
+  [--placement contiguous]: each request's pages in order in the pool (a fresh server's allocation) instead of
+  shuffled across it (default; the same keys, queries and selections either way).
   Neither plan reproduces a served replay's sparse attention at large batches (32 x 32K: 153.4 graph, 159.4 eager,
   139.4 served, µs a layer; ``benchmarks/results/speed/call38/``): read the server's own with decode_profile.py.
   A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
@@ -86,13 +88,13 @@ def _schedule(name: str, budget_pages: int):
     return fixed_budget_schedule(budget_pages) if budget_pages else ScheduleRegistry().get(name)
 
 
-def build_pool(b: int, ctx: int, group: int):
+def build_pool(b: int, ctx: int, group: int, placement: str = "random"):
     """A pool of ``b`` requests at ``ctx`` tokens and its landmarks (shorter contexts use a prefix
-    of each request's pages: one pool for every case, built once)."""
+    of each request's pages: one pool for every case, built once; ``placement``: ``make_case``'s)."""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
-    case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0)
+    case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0, placement=placement)
     lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=torch.bfloat16, device="cuda")
     K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
     return case, lm
@@ -296,6 +298,9 @@ def main() -> int:
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
                          f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
+    ap.add_argument("--placement", choices=("random", "contiguous"), default="random",
+                    help="the requests' pages in the pool: shuffled (a server after churn) or each request's in "
+                         "order (a fresh server's)")
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
@@ -318,9 +323,10 @@ def main() -> int:
     copy_tbps = copy_bandwidth_tbps()
     result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": a.group,
               "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
-              "default_variant": K.DEFAULT_SELECT_VARIANT, "attention_plan": a.plan, "cases": []}
+              "default_variant": K.DEFAULT_SELECT_VARIANT, "attention_plan": a.plan,
+              "page_placement": a.placement, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
-    pool = build_pool(a.batch, max(contexts), a.group)
+    pool = build_pool(a.batch, max(contexts), a.group, a.placement)
     for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:

@@ -38,15 +38,26 @@ class PagedCase:
         return k * mask, v * mask
 
 
+PLACEMENTS = ("random", "contiguous")
+
+
 def make_case(lengths, num_kv_heads=8, group=2, head_dim=128, page_size=16, max_ctx=None, seed=0,
-              dtype=torch.bfloat16, device="cuda") -> PagedCase:
+              dtype=torch.bfloat16, device="cuda", placement: str = "random") -> PagedCase:
+    """``lengths`` requests over a pool of exactly their pages (page 0 the padding page), random keys, values and
+    queries. ``placement``: where each request's pages lie in the pool: ``random`` (shuffled across it, as a server's
+    free list leaves them after churn) or ``contiguous`` (each request's in order, back to back: a fresh server's)."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: one of {PLACEMENTS}")
     g = torch.Generator(device="cpu").manual_seed(seed)
     lengths = torch.as_tensor(lengths, dtype=torch.int64)
     b = lengths.shape[0]
     pages = [math.ceil(int(n) / page_size) for n in lengths]
     max_ctx = max_ctx or max(pages) * page_size
     total = sum(pages)
-    phys = (torch.randperm(total, generator=g) + 1).tolist()  # page 0 stays the padding page
+    order = torch.randperm(total, generator=g)  # drawn either way: both placements get the same keys and queries
+    if placement == "contiguous":
+        order = torch.arange(total)
+    phys = (order + 1).tolist()  # page 0 stays the padding page
     r2t = torch.zeros(b + 1, max_ctx, dtype=torch.int32)
     off = 0
     for i, n in enumerate(pages):
