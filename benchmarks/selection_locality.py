@@ -65,8 +65,8 @@ def locality(records: dict, page_size: int, sink: int, recent: int) -> dict:
         pairs = [jaccard(a, b) for i, a in enumerate(heads) for b in heads[i + 1:]]
         n = -(-length // page_size)
         base = uniform_baseline(len(heads[0]), sink, n - recent, len(heads))
-        row = per_layer.setdefault(layer, {"jaccard": [], "adjacency": [], "uniform_jaccard": [],
-                                           "uniform_adjacency": [], "top_k": len(heads[0]), "candidates": n - recent - sink})
+        row = per_layer.setdefault(layer, {"jaccard": [], "adjacency": [], "uniform_jaccard": [], "uniform_adjacency": [],
+                                           "top_k": len(heads[0]), "candidates": n - recent - sink})
         row["jaccard"].append(float(np.mean(pairs)) if pairs else 1.0)
         row["adjacency"].append(float(np.mean([adjacency(h) for h in heads])))
         row["uniform_jaccard"].append(base[0]), row["uniform_adjacency"].append(base[1])
