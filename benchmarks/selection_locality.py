@@ -41,14 +41,20 @@ def adjacency(pages) -> float:
     return sum((p - 1 in s) or (p + 1 in s) for p in s) / max(len(s), 1)
 
 
+def heads_locality(picks) -> tuple[float, float]:
+    """(mean head-pair Jaccard, mean adjacency) of one step's heads' page picks (one head: Jaccard 1)."""
+    import numpy as np
+
+    pairs = [jaccard(a, b) for i, a in enumerate(picks) for b in picks[i + 1:]]
+    return float(np.mean(pairs)) if pairs else 1.0, float(np.mean([adjacency(p) for p in picks]))
+
+
 def uniform_baseline(k: int, lo: int, hi: int, heads: int, seed: int = 0) -> tuple[float, float]:
-    """(Jaccard, adjacency) of ``heads`` uniform picks of ``k`` pages in [lo, hi)."""
+    """``heads_locality`` of ``heads`` uniform picks of ``k`` pages in [lo, hi)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    picks = [rng.choice(np.arange(lo, hi), size=k, replace=False) for _ in range(heads)]
-    pairs = [jaccard(a, b) for i, a in enumerate(picks) for b in picks[i + 1:]]
-    return float(np.mean(pairs)), float(np.mean([adjacency(p) for p in picks]))
+    return heads_locality([rng.choice(np.arange(lo, hi), size=k, replace=False) for _ in range(heads)])
 
 
 def locality(records: dict, page_size: int, sink: int, recent: int) -> dict:
@@ -62,14 +68,14 @@ def locality(records: dict, page_size: int, sink: int, recent: int) -> dict:
         groups.setdefault(key, []).append(top_k_pages(records["pages"][i], key[2], page_size, sink, recent))
     per_layer: dict = {}
     for (layer, _, length), heads in sorted(groups.items()):
-        pairs = [jaccard(a, b) for i, a in enumerate(heads) for b in heads[i + 1:]]
         n = -(-length // page_size)
         base = uniform_baseline(len(heads[0]), sink, n - recent, len(heads))
-        row = per_layer.setdefault(layer, {"jaccard": [], "adjacency": [], "uniform_jaccard": [], "uniform_adjacency": [],
-                                           "top_k": len(heads[0]), "candidates": n - recent - sink})
-        row["jaccard"].append(float(np.mean(pairs)) if pairs else 1.0)
-        row["adjacency"].append(float(np.mean([adjacency(h) for h in heads])))
-        row["uniform_jaccard"].append(base[0]), row["uniform_adjacency"].append(base[1])
+        row = per_layer.setdefault(layer, {"jaccard": [], "adjacency": [], "uniform_jaccard": [],
+                                           "uniform_adjacency": [], "top_k": len(heads[0]),
+                                           "candidates": n - recent - sink})
+        for name, value in zip(("jaccard", "adjacency", "uniform_jaccard", "uniform_adjacency"),
+                               (*heads_locality(heads), *base)):
+            row[name].append(value)
     return {layer: {k: (round(float(np.mean(v)), 3) if isinstance(v, list) else v) for k, v in row.items()}
             for layer, row in per_layer.items()}
 

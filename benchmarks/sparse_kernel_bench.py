@@ -284,6 +284,7 @@ def summary(cases: list, target: float) -> str:
 
 def main() -> int:
     from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.scheduler.standalone_layer import PLACEMENTS
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, default=16)
@@ -298,7 +299,7 @@ def main() -> int:
                          f"SGLang picks at --group: tensor cores from {TENSOR_CORE_GROUP}), or tensor-cores:nosplit, "
                          f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
-    ap.add_argument("--placement", choices=("random", "contiguous"), default="random",
+    ap.add_argument("--placement", choices=PLACEMENTS, default=PLACEMENTS[0],
                     help="the requests' pages in the pool: shuffled (a server after churn) or each request's in "
                          "order (a fresh server's)")
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",

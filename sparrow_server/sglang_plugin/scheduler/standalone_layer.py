@@ -158,10 +158,11 @@ class SparseLayer(SparseSelection):
     kernel and KV split the server would plan (``split``: FlashInfer's CUDA-core decode and its own split unless
     given, as outside deterministic inference at a GQA group under 4). ``parts`` > 1: each row's pages as that many
     sub-rows after the empty row(s) the server plans (``planning.sub_row_plan``), each attended by FlashInfer at
-    ``split`` on its own copy of the row's query, their partial states (outputs in the query's dtype: FlashInfer 0.6.15 builds no float32 output for a bfloat16
-    query) merged by ``kernels.merge``. ``graph``: FlashInfer's wrapper planned as a server's CUDA graph plans it
-    (``use_cuda_graph``, fixed buffers): its CUDA-core decode then always runs the partition-KV kernel, which an eager
-    plan skips where its split gives one chunk a row, and its tensor-core plan pads its work list. Neither plan
+    ``split`` on its own copy of the row's query, their partial states (outputs in the query's dtype: FlashInfer
+    0.6.15 builds no float32 output for a bfloat16 query) merged by ``kernels.merge``. ``graph``: FlashInfer's
+    wrapper planned as a server's CUDA graph plans it (``use_cuda_graph``, fixed buffers): its CUDA-core decode then
+    always runs the partition-KV kernel, which an eager plan skips where its split gives one chunk a row, and its
+    tensor-core plan pads its work list. Neither plan
     reproduced the served replay's attention at 32 x 32K (153.4 graph, 159.4 eager, 139.4 served, µs a layer on
     H200s: ``benchmarks/results/speed/call38/``)."""
 
