@@ -22,8 +22,9 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--plan eager]: the sparse decode planned eagerly, as this bench did before call 38; by default FlashInfer plans
   it as a server's CUDA graph does (``SparseLayer(graph=True)``: on CUDA cores the partition-KV kernel even where
   the split gives one chunk a row), and reports each kernel's largest difference from the eager default's output.
-  [--placement contiguous]: each request's pages in order in the pool (a fresh server's allocation) instead of
-  shuffled across it (default; the same keys, queries and selections either way).
+  [--placement contiguous]: each request's pages in order in the pool (a fresh server's prefill) instead of
+  shuffled across it (default; the same keys and queries either way); [--placement interleaved]: page by page across
+  the batch (a rollout's pages, allocated as its requests decode together).
   Neither plan reproduces a served replay's sparse attention at large batches (32 x 32K: 153.4 graph, 159.4 eager,
   139.4 served, µs a layer; ``benchmarks/results/speed/call38/``): read the server's own with decode_profile.py.
   A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
@@ -300,8 +301,8 @@ def main() -> int:
                          f"tensor-cores:split=N (N pages a KV chunk), tensor-cores:parts=N (N sub-rows a row, merged)")
     ap.add_argument("--target", type=float, default=1.3, help="selection / landmark read at copy bandwidth")
     ap.add_argument("--placement", choices=PLACEMENTS, default=PLACEMENTS[0],
-                    help="the requests' pages in the pool: shuffled (a server after churn) or each request's in "
-                         "order (a fresh server's)")
+                    help="the requests' pages in the pool: shuffled (a server after churn), each request's in "
+                         "order (a fresh server's prefill) or page by page across the batch (a rollout's decode)")
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")

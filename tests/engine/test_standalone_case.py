@@ -23,3 +23,10 @@ def test_contiguous_placement_lays_each_request_in_order_back_to_back_random_shu
     assert torch.equal(contiguous.q, shuffled.q) and torch.equal(contiguous.k_buf, shuffled.k_buf)
     with pytest.raises(ValueError, match="placement='packed'"):
         make_case(lengths, device="cpu", placement="packed")
+
+
+def test_interleaved_placement_lays_page_j_of_every_request_before_page_j_plus_1():
+    lengths = [64, 40, 100]  # 4, 3, 7 pages: the short requests drop out of the turn as they end
+    interleaved = make_case(lengths, num_kv_heads=2, head_dim=8, device="cpu", placement="interleaved")
+    assert _pages(interleaved) == [[1, 4, 7, 10], [2, 5, 8], [3, 6, 9, 11, 12, 13, 14]]
+    assert torch.equal(interleaved.k_buf, make_case(lengths, num_kv_heads=2, head_dim=8, device="cpu").k_buf)

@@ -38,14 +38,27 @@ class PagedCase:
         return k * mask, v * mask
 
 
-PLACEMENTS = ("random", "contiguous")
+PLACEMENTS = ("random", "contiguous", "interleaved")
+
+
+def _page_order(pages: list[int], placement: str, g: torch.Generator) -> torch.Tensor:
+    """Pool page (less one: page 0 pads) of each request's pages, requests in turn, each in logical order."""
+    total = sum(pages)
+    order = torch.randperm(total, generator=g)  # drawn either way: every placement gets the same keys and queries
+    if placement == "contiguous":
+        return torch.arange(total)
+    if placement == "interleaved":  # page j of every request before page j + 1 of any, as lock-step decode allocates
+        turn = torch.cat([torch.arange(n) * len(pages) + i for i, n in enumerate(pages)])
+        return torch.argsort(torch.argsort(turn))
+    return order
 
 
 def make_case(lengths, num_kv_heads=8, group=2, head_dim=128, page_size=16, max_ctx=None, seed=0,
               dtype=torch.bfloat16, device="cuda", placement: str = "random") -> PagedCase:
     """``lengths`` requests over a pool of exactly their pages (page 0 the padding page), random keys, values and
     queries. ``placement``: where each request's pages lie in the pool: ``random`` (shuffled across it, as a server's
-    free list leaves them after churn) or ``contiguous`` (each request's in order, back to back: a fresh server's)."""
+    free list leaves them after churn), ``contiguous`` (each request's in order, back to back: a fresh server's
+    prefill) or ``interleaved`` (page by page across the batch: a rollout's pages, allocated as its requests decode)."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement={placement!r}: one of {PLACEMENTS}")
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -54,10 +67,7 @@ def make_case(lengths, num_kv_heads=8, group=2, head_dim=128, page_size=16, max_
     pages = [math.ceil(int(n) / page_size) for n in lengths]
     max_ctx = max_ctx or max(pages) * page_size
     total = sum(pages)
-    order = torch.randperm(total, generator=g)  # drawn either way: both placements get the same keys and queries
-    if placement == "contiguous":
-        order = torch.arange(total)
-    phys = (order + 1).tolist()  # page 0 stays the padding page
+    phys = (_page_order(pages, placement, g) + 1).tolist()  # page 0 stays the padding page
     r2t = torch.zeros(b + 1, max_ctx, dtype=torch.int32)
     off = 0
     for i, n in enumerate(pages):
