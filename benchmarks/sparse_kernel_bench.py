@@ -89,13 +89,48 @@ def _schedule(name: str, budget_pages: int):
     return fixed_budget_schedule(budget_pages) if budget_pages else ScheduleRegistry().get(name)
 
 
-def build_pool(b: int, ctx: int, group: int, placement: str = "random"):
+RUNS_PERIOD_PAGES = 64  # the wave's period: a head's top-k takes a run of pages around each crest
+
+
+def shape_for_runs(case, amplitude: float, seed: int = 0) -> None:
+    """Make the top-k pick runs of neighbouring pages, as the dummy-weight server's does (call 39: 87% of its picks
+    beside another, 37% for uniform picks): every key gains ``amplitude`` x a slow wave along its position on dim 0,
+    each (request, KV head) at its own phase, and every query's dim 0 is 4, so a page's score follows the wave (plus
+    the random keys' noise, which breaks the runs up)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b, length = len(case.lengths), int(case.lengths.max())
+    phase = (torch.rand(b, 1, H, generator=g) * 2 * math.pi).to(case.k_buf.device)
+    pos = torch.arange(length, device=case.k_buf.device, dtype=torch.float32)[None, :, None]
+    wave = amplitude * torch.cos(2 * math.pi * pos / (PS * RUNS_PERIOD_PAGES) + phase)
+    slots = case.req_to_token[1:b + 1, :length].long().reshape(-1)
+    case.k_buf[slots, :, 0] += wave.reshape(-1, H).to(case.k_buf.dtype)
+    case.q[:, :, 0] = 4.0
+
+
+def picks_adjacency(layer) -> float:
+    """The share of the selected pages (top-k, sink and recent) whose neighbour in the pool (page id +- 1) the same
+    row selected too: how much of the sparse read is contiguous."""
+    import numpy as np
+
+    pages = layer.indices.cpu().numpy().astype(np.int64) // layer.h // PS
+    indptr, beside, total = layer.plan.row_indptr, 0, 0
+    for r in range(len(indptr) - 1):
+        row = np.unique(pages[int(indptr[r]):int(indptr[r + 1])])
+        beside += int(np.sum(np.isin(row - 1, row) | np.isin(row + 1, row)))
+        total += len(row)
+    return round(beside / max(total, 1), 3)
+
+
+def build_pool(b: int, ctx: int, group: int, placement: str = "random", runs_amplitude: float = 0.0):
     """A pool of ``b`` requests at ``ctx`` tokens and its landmarks (shorter contexts use a prefix
-    of each request's pages: one pool for every case, built once; ``placement``: ``make_case``'s)."""
+    of each request's pages: one pool for every case, built once; ``placement``: ``make_case``'s; a
+    ``runs_amplitude``: keys and queries ``shape_for_runs``, else random)."""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0, placement=placement)
+    if runs_amplitude:
+        shape_for_runs(case, runs_amplitude)
     lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=torch.bfloat16, device="cuda")
     K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
     return case, lm
@@ -226,6 +261,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
             continue
         if first is None:
             first, out["indices_compared_with"] = indices, v
+            out["selected_pages_adjacency"] = picks_adjacency(layer)
         res.update({"same_indices": bool(torch.equal(indices, first)), "score_TBps": tbps(lm_bytes, res["score_us"]),
                     "selection_over_landmark_read": round(res["selection_us"] / landmark_read_us, 2)})
         out["variants"][v] = res
@@ -303,6 +339,9 @@ def main() -> int:
     ap.add_argument("--placement", choices=PLACEMENTS, default=PLACEMENTS[0],
                     help="the requests' pages in the pool: shuffled (a server after churn), each request's in "
                          "order (a fresh server's prefill) or page by page across the batch (a rollout's decode)")
+    ap.add_argument("--runs-amplitude", type=float, default=0.0,
+                    help="keys and queries whose top-k picks runs of neighbouring pages (shape_for_runs; 2.5 picks "
+                         "as many neighbours at 16K as the dummy-weight server, call 39), instead of random ones")
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
@@ -326,9 +365,9 @@ def main() -> int:
     result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": a.group,
               "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
               "default_variant": K.DEFAULT_SELECT_VARIANT, "attention_plan": a.plan,
-              "page_placement": a.placement, "cases": []}
+              "page_placement": a.placement, "runs_amplitude": a.runs_amplitude, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
-    pool = build_pool(a.batch, max(contexts), a.group, a.placement)
+    pool = build_pool(a.batch, max(contexts), a.group, a.placement, a.runs_amplitude)
     for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:
