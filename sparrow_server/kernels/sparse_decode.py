@@ -286,7 +286,7 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     first. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
-    consts, options = tier_launch(variant, b * h)
+    consts, options = tier_launch(variant)
     fields, row_indptr, out = select or ({}, cand_lo, cand_lo)
     field = lambda name: fields.get(name, cand_lo)  # noqa: E731
     bins = radix_bins(variant, b * h, out) if select else cand_lo

@@ -274,16 +274,15 @@ def _topk_streamed(scores, lo, hi, k, row, out, h, H: tl.constexpr, PS: tl.const
                                      h, H, PS)
 
 
-def tier_launch(variant: str | None = None, rows: int | None = None) -> tuple[dict, dict]:
+def tier_launch(variant: str | None = None) -> tuple[dict, dict]:
     """A variant's top-k in one launch of every row: ``select_row``'s compile-time constants (its register
-    tiers) and the launch options (warps, register cap; with ``rows``, the fused row program's cap there)."""
+    tiers) and the launch options (warps, register cap)."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
-    maxnreg = v.row_maxnreg(rows)
     consts = dict(SMALL=SELECT_ROWS[0], MEDIUM=SELECT_ROWS[1], LARGE=SELECT_ROWS[2], CHUNK=SELECT_CHUNK,
                   TAIL_A=SELECT_TAILS[0], TAIL_B=SELECT_TAILS[1], TAIL_C=SELECT_TAILS[2], TAILS=v.tails,
                   BITS=v.bits, FINE=v.fine, FINE_ROW=SELECT_FINE[0], FINE_TAIL=SELECT_FINE[1], EXIT=v.exit_early,
                   PACKED=v.packed_code, ROLLED=v.rolled, ATOMIC=v.atomic_code)
-    return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return consts, {"num_warps": SELECT_WARPS, **({"maxnreg": v.maxnreg} if v.maxnreg else {})}
 
 
 def select_launches(variant: str | None = None, rows: int | None = None) -> list[tuple[dict, dict]]:

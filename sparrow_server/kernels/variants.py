@@ -15,9 +15,6 @@ SELECT_WARPS = 16     # warps of a ``select_and_write`` program
 # ``fine_hist64`` runs 2 rows per SM, so on the 132 SMs of an H100 or H200 up to 264 rows in one wave; below that a
 # second launch for the short rows buys no SM and costs its launch (call 24's kernel bench at batch 16).
 WIDE_FROM_ROWS = 264
-# The fused row program under 40 registers (16 warps: 20,480 a program, 144 bytes of stack in the offline sm_90
-# compile, 67 KB of shared memory) runs 3 to an SM: up to 396 rows in one wave on 132 SMs.
-WAVE3_MAXNREG, WAVE3_ROWS = 40, 396
 
 
 @dataclass(frozen=True)
@@ -114,13 +111,6 @@ class TopKVariant:
     # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
     # pool is a plain token-major one of the key's dtype. Call 35 (one H200, sparse server alone): 32K x 16 +0.94%.
     stores_kv: bool = False
-    # Past ``fused_max_rows`` and up to ``wide_rows`` rows the fused launch still runs, its row program under
-    # ``wide_maxnreg`` registers so that the rows fit one wave (WAVE3_*: 3 programs an SM), not the split launches.
-    # At 33-40 requests of 8 KV heads (264-320 rows) the split launches took 66.6 us a layer against the fused
-    # launch's 52.0 at 32 requests (call 38's served profiles at 32K); a fused launch at 2 programs an SM leaves the
-    # rows past 264 to a second wave.
-    wide_maxnreg: int | None = None
-    wide_rows: int | None = None
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -131,8 +121,6 @@ class TopKVariant:
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
         assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
         assert not self.hoisted or self.joint_write, "hoisted: the joint write's gathers ahead of its ranks"
-        assert (self.wide_maxnreg is None) == (self.wide_rows is None), "wide_rows: the rows wide_maxnreg fits"
-        assert self.wide_rows is None or (self.fused_max_rows or 0) < self.wide_rows, "wide: past the fused rows"
 
     @property
     def packed_code(self) -> int:
@@ -154,13 +142,7 @@ class TopKVariant:
 
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
-        wide = self.wide_rows is not None and rows <= self.wide_rows
-        return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows or wide)
-
-    def row_maxnreg(self, rows: int | None) -> int | None:
-        """The fused row program's register cap at ``rows`` rows (None: the variant's own, ``maxnreg``)."""
-        past = rows is not None and self.wide_rows is not None and rows > (self.fused_max_rows or 0)
-        return self.wide_maxnreg if past else self.maxnreg
+        return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
 
 
 _NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,
@@ -189,8 +171,6 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                  hoisted=True, copies_query=True, stores_kv=True)}
-TOPK_VARIANTS["fused_kvstore_wide3"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"], wide_maxnreg=WAVE3_MAXNREG,
-                                               wide_rows=WAVE3_ROWS)
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -246,8 +226,6 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
 # path (.copies_query).
 # ``fused_kvstore_narrow``: that which also stores the step's key and value into the pool (.stores_kv).
-# ``fused_kvstore_wide3``: that whose fused launch also runs past one wave at 2 programs an SM, up to WAVE3_ROWS rows
-# at 3 (.wide_rows, .wide_maxnreg), where the others run the split launches.
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

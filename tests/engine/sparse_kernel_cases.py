@@ -29,7 +29,7 @@ VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
             "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-            "fused_kvstore_narrow", "fused_kvstore_wide3")
+            "fused_kvstore_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -413,46 +413,6 @@ def test_fused_variants_fuse_up_to_their_rows(K):
     wide = [({**c, "EXIT": True}, o) for c, o in K.select_launches("short8_hist40_wide", rows + 1)]
     assert K.select_launches("fused_exit_narrow", rows + 1) == wide
     assert K.tier_launch("fused_exit_narrow")[0]["EXIT"] and not K.tier_launch("fused_hist64_narrow")[0]["EXIT"]
-
-
-def test_wide_variant_fuses_one_wave_of_three_programs_an_sm(K):
-    """``fused_kvstore_wide3`` is ``fused_kvstore_narrow`` up to 264 rows (2 row programs an SM under 64 registers),
-    fuses on to 396 (3 an SM under 40), and past them runs the same split launches."""
-    wide, narrow = K.TOPK_VARIANTS["fused_kvstore_wide3"], K.TOPK_VARIANTS["fused_kvstore_narrow"]
-    assert wide.fuses(264) and wide.fuses(265) and wide.fuses(396) and not wide.fuses(397)
-    assert narrow.fuses(264) and not narrow.fuses(265)
-    caps = {rows: K.tier_launch("fused_kvstore_wide3", rows)[1]["maxnreg"] for rows in (128, 264, 265, 396)}
-    assert caps == {128: 64, 264: 64, 265: 40, 396: 40}
-    assert K.tier_launch("fused_kvstore_narrow", 300) == K.tier_launch("fused_kvstore_narrow")
-    assert K.select_launches("fused_kvstore_wide3", 397) == K.select_launches("fused_kvstore_narrow", 397)
-    assert K.tier_launch("fused_kvstore_wide3", 128)[0] == K.tier_launch("fused_kvstore_narrow", 128)[0]
-
-
-def test_wide_launch_stores_scores_and_selects_as_the_split_launches(K, monkeypatch):
-    """``fused_kvstore_wide3`` past its fused rows (here made 1; its wide rows 6) fuses, and stores the step's K and
-    V, updates the landmarks, scores and selects exactly as ``fused_kvstore_narrow``'s split launches there."""
-    variants = K.TOPK_VARIANTS
-    monkeypatch.setitem(variants, "fused_kvstore_wide3", replace(variants["fused_kvstore_wide3"], fused_max_rows=1,
-                                                                 wide_rows=6))
-    monkeypatch.setitem(variants, "fused_kvstore_narrow", replace(variants["fused_kvstore_narrow"], fused_max_rows=1))
-    case, one, two = _fused_or_split_pair(K, True, monkeypatch, 30, "fused_kvstore_wide3", "fused_kvstore_narrow")
-    assert one.scores.shape[0] == 6 and not variants["fused_kvstore_narrow"].fuses(6)
-    assert K.tier_launch("fused_kvstore_wide3", 6)[1]["maxnreg"] == 40
-    b, hq, d = case.q.shape
-    k, v = torch.randn(b, 2, d), torch.randn(b, 2, d)
-    loc = case.req_to_token[case.rpi, (case.lengths // PS) * PS - 1].long()  # each completes a page
-    pools = []
-    for sel in (one, two):
-        k_buf, v_buf = case.k_buf.clone(), case.v_buf.clone()
-        sel.scores.fill_(OUTSIDE)
-        sel.indices.fill_(-1)
-        K.score_and_select(case.q, sel.lm, case.req_to_token, case.rpi, one.fields, sel.row_indptr, PS, sel.scores,
-                           sel.indices, k_buf=k_buf, cache_loc=loc, variant=sel.variant, store_kv=(k, v, v_buf))
-        pools.append((k_buf, v_buf))
-    assert all(torch.equal(x, y) for x, y in zip(*pools)) and torch.equal(pools[0][0][loc], k)
-    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
-    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
-    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
 def test_variants_are_the_module_s():

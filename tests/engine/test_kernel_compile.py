@@ -30,7 +30,7 @@ def _compile_row_kernel(variant: str):
 @pytest.mark.parametrize("variant", ["fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
                                      "fused_rolled_narrow", "fused_atomic_narrow", "fused_topdigits_narrow",
                                      "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-                                     "fused_kvstore_narrow", "fused_kvstore_wide3"])
+                                     "fused_kvstore_narrow"])
 def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     from sparrow_server.kernels import sparse_decode as K
 
@@ -40,23 +40,6 @@ def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
     assert 2 * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
     # the row loop's pipeline: stages - 1 landmark tiles (pages x 128 bf16) in flight
     assert kernel.metadata.shared >= (K.ROW_STAGES - 1) * K.ROW_BLOCK_P * 128 * 2, kernel.metadata.shared
-
-
-@pytest.mark.timeout(300)
-def test_wide_row_kernel_compiles_for_sm90_with_three_programs_per_sm():
-    """``fused_kvstore_wide3`` past 264 rows: the row kernel under its wide register cap, three programs to an SM by
-    registers and by shared memory (so 396 rows run in one wave on 132 SMs)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import selection_kernel_resources as res
-
-    from sparrow_server.kernels import sparse_decode as K
-
-    consts, _ = res.row_kernel_launch("fused_kvstore_wide3")
-    options = K.tier_launch("fused_kvstore_wide3", 265)[1]
-    kernel = res.compile_kernel(K._row_kernel, res.ROW_TYPES, consts, options, 90)
-    line = res.kernel_resources(kernel)
-    assert f"REG:{options['maxnreg']} " in line and options["maxnreg"] * options["num_warps"] * 32 * 3 <= SM_REGISTERS
-    assert 3 * (kernel.metadata.shared + 1024) <= SM_SHARED_BYTES, kernel.metadata.shared  # + 1 KB each: CUDA's own
 
 
 @pytest.mark.timeout(300)
