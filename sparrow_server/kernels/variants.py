@@ -15,6 +15,10 @@ SELECT_WARPS = 16     # warps of a ``select_and_write`` program
 # ``fine_hist64`` runs 2 rows per SM, so on the 132 SMs of an H100 or H200 up to 264 rows in one wave; below that a
 # second launch for the short rows buys no SM and costs its launch (call 24's kernel bench at batch 16).
 WIDE_FROM_ROWS = 264
+# Past the fused rows, the short rows' launch of its own only from this many rows (50 requests at 8 KV heads): at 32K
+# x 34 (272 rows, every row past 1,536 candidates) that launch's programs all return at once, 2.6-2.9 us and a gap in
+# each sparse layer of call 38's served profile; the split top-k below it runs as one launch of every tier.
+SHORT_FROM_ROWS_LATE = 400
 
 
 @dataclass(frozen=True)
@@ -171,6 +175,8 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                  hoisted=True, copies_query=True, stores_kv=True)}
+TOPK_VARIANTS["fused_kvstore_short400"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"],
+                                                  short_from_rows=SHORT_FROM_ROWS_LATE)
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -226,6 +232,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
 # path (.copies_query).
 # ``fused_kvstore_narrow``: that which also stores the step's key and value into the pool (.stores_kv).
+# ``fused_kvstore_short400``: that whose split top-k (past the fused rows) runs the short rows' launch of its own only
+# from SHORT_FROM_ROWS_LATE rows, one launch of every tier below (not yet measured).
 # Nor is the fused launch past one wave of 2 row programs an SM, up to 396 rows at 3 under 40 registers (144 bytes of
 # stack, offline sm_90): in call 39's bench its selection took 71.9 against the split launches' 65.0 us at 34 x 32K
 # (its scoring alone 55.0 against 45.4) and 74.1 against 70.5 at 40; served at 32K x 34, sparse decode 3400.2 against
