@@ -25,8 +25,9 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   [--placement contiguous]: each request's pages in order in the pool (a fresh server's prefill) instead of
   shuffled across it (default; the same keys and queries either way); [--placement interleaved]: page by page across
   the batch (a rollout's pages, allocated as its requests decode together).
-  Neither plan reproduces a served replay's sparse attention at large batches (32 x 32K: 153.4 graph, 159.4 eager,
-  139.4 served, µs a layer; ``benchmarks/results/speed/call38/``): read the server's own with decode_profile.py.
+  On one card the graph plan reads as a served replay does (32 x 32K: 142.6 bench, 141.1 served, µs a layer;
+  ``benchmarks/results/speed/call39/``); the sparse decode at large batches varies from card to card (141-163 µs
+  there), so compare kernels on one card and the bench with the server only on the same card.
   A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
   A server replays a batch at SGLang's next captured size (33-34 requests at 40, the rest one-page rows): bench
   that size to see the plan it runs.

@@ -41,8 +41,9 @@ LANDMARK_DTYPES = ("bfloat16", "float32")
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
 # Off: served, 2 sub-rows moved decode by -4.8% to +4.8% over six workloads (benchmarks/results/speed/call38/). The
-# kernel bench's CUDA-core times at 32-34 requests (159-173 us a layer) were not the server's: its graph replays took
-# 139.4 (32 x 32K) and 140.4 (34, in SGLang's graph of 40) where 2 sub-rows' kernel took 158.8.
+# kernel bench's CUDA-core times at 32-34 requests (159-173 us a layer), where sub-rows had gained, were those cards':
+# the served replays took 139.4 (32 x 32K) and 140.4 (34, in SGLang's graph of 40) where 2 sub-rows' kernel took
+# 158.8, and on one card bench and server agree (call 39).
 DEFAULT_SUB_ROWS = 1
 MAX_SUB_ROWS = 16
 

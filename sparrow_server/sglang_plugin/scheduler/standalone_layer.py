@@ -172,9 +172,8 @@ class SparseLayer(SparseSelection):
     0.6.15 builds no float32 output for a bfloat16 query) merged by ``kernels.merge``. ``graph``: FlashInfer's
     wrapper planned as a server's CUDA graph plans it (``use_cuda_graph``, fixed buffers): its CUDA-core decode then
     always runs the partition-KV kernel, which an eager plan skips where its split gives one chunk a row, and its
-    tensor-core plan pads its work list. Neither plan
-    reproduced the served replay's attention at 32 x 32K (153.4 graph, 159.4 eager, 139.4 served, µs a layer on
-    H200s: ``benchmarks/results/speed/call38/``)."""
+    tensor-core plan pads its work list. On one card the graph plan reads as a served replay does (32 x 32K: 142.6
+    against 141.1 µs a layer on an H200: ``benchmarks/results/speed/call39/``)."""
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
                  variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1,
