@@ -237,8 +237,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # Nor is the fused launch past one wave of 2 row programs an SM, up to 396 rows at 3 under 40 registers (144 bytes of
 # stack, offline sm_90: benchmarks/results/speed/call39/kernel_wide3/offline/): in call 39's bench its selection took
 # 71.9 against the split launches' 65.0 us at 34 x 32K (its scoring alone 55.0 against 45.4) and 74.1 against 70.5
-# at 40; served at 32K x 34, sparse decode 3400.2 against 3471.1 tok/s (two cards at once); its GPU tests passed (``benchmarks/results/speed/call39/kernel_wide3/``, code
-# ``d263c89``).
+# at 40; served at 32K x 34, sparse decode 3400.2 against 3471.1 tok/s (two cards at once); its GPU tests passed
+# (``benchmarks/results/speed/call39/kernel_wide3/``, code ``d263c89``).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
