@@ -115,7 +115,7 @@ BREAKS = (
           "past 1,536 candidates (PART 2), as if the short rows' launch had run (fused_kvstore_short400 past its "
           "fused rows; every split variant below its two launches)", TOPK,
           'return [({**consts, "PART": 0}, options)]', 'return [({**consts, "PART": 2}, options)]',
-          (f"{KERNEL_TESTS}::test_late_short_variant_selects_as_the_default_past_the_fused_rows",)),
+          (f"{KERNEL_TESTS}::test_split_launch_variants_select_as_the_default_past_the_fused_rows",)),
     Break("atomic_rounds_share_bins", "the atomic histograms' rounds count into one set of 256 bins, not each its own "
           "zeroed third of the row's (fused_atomic_narrow and the variants built on it, the default "
           "fused_joint_narrow among them)", TOPK,

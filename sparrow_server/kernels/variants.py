@@ -40,6 +40,9 @@ class TopKVariant:
     short_maxnreg: int | None = None
     # the two launches only from this many rows (request x KV head) on; fewer run as one launch of every row
     short_from_rows: int = 0
+    # The split top-k's launch of the long rows (or of every row) under this register cap (None: ``maxnreg``): at 40,
+    # 3 of its 16-warp programs an SM, so up to 396 rows run in one wave where 2 an SM (64) take two past 264 rows.
+    split_maxnreg: int | None = None
     # One launch scores and selects (``sparse_decode.score_and_select``): a program per row streams its own
     # landmarks (a pipelined loop), then runs this top-k on the scores it just wrote (still in L1/L2), with every
     # tier in one kernel under ``maxnreg``. Up to ``fused_max_rows`` rows (None: any); more run the split scoring
@@ -177,6 +180,8 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                  hoisted=True, copies_query=True, stores_kv=True)}
 TOPK_VARIANTS["fused_kvstore_short400"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"],
                                                   short_from_rows=SHORT_FROM_ROWS_LATE)
+TOPK_VARIANTS["fused_kvstore_long40"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"], split_maxnreg=40)
+TOPK_VARIANTS["fused_kvstore_long40_short400"] = replace(TOPK_VARIANTS["fused_kvstore_short400"], split_maxnreg=40)
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers

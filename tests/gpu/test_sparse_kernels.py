@@ -274,10 +274,12 @@ def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
 
 
 @pytest.mark.parametrize("requests", [34, 49])
-def test_late_short_variant_selects_as_the_default_past_the_fused_rows(requests):
-    """``fused_kvstore_short400`` at 34 and 49 requests x 8 KV heads (272 and 392 rows: past the fused rows, its split
-    top-k one launch of every tier where ``fused_kvstore_narrow`` runs the short rows' launch and the long rows'):
-    the same stores, landmarks, scores and pages, rows of 500 to 33,000 tokens (short and long tiers) and a dense one."""
+@pytest.mark.parametrize("variant", ["fused_kvstore_short400", "fused_kvstore_long40", "fused_kvstore_long40_short400"])
+def test_split_launch_variants_select_as_the_default_past_the_fused_rows(requests, variant):
+    """A variant whose split top-k launches differ from ``fused_kvstore_narrow``'s at 34 and 49 requests x 8 KV heads
+    (272 and 392 rows, past the fused rows): ``fused_kvstore_short400``'s one launch of every tier where the default
+    runs the short rows' launch and the long rows', ``fused_kvstore_long40``'s long rows under 40 registers, or both.
+    The same stores, landmarks, scores and pages, rows of 500 to 33,000 tokens (short and long tiers) and a dense one."""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
@@ -287,11 +289,11 @@ def test_late_short_variant_selects_as_the_default_past_the_fused_rows(requests)
     case = make_case(lengths, seed=requests)
     plan = plan_for(case, [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets], 256)
     lm = _landmarks(case, torch.bfloat16)
-    one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_short400")
+    one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant=variant)
     two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_narrow")
     rows = one.scores.shape[0]
     assert not K.TOPK_VARIANTS[one.variant].fuses(rows) and not K.TOPK_VARIANTS[two.variant].fuses(rows)
-    assert [c["PART"] for c, _ in K.select_launches(one.variant, rows)] == [0]
+    assert K.select_launches(one.variant, rows) != K.select_launches(two.variant, rows)
     b, hq, d = case.q.shape
     k, v = (torch.randn(b, 8, d, device="cuda").to(case.q.dtype) for _ in range(2))
     n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
