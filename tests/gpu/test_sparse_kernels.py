@@ -274,7 +274,8 @@ def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
 
 
 @pytest.mark.parametrize("requests", [34, 49])
-@pytest.mark.parametrize("variant", ["fused_kvstore_short400", "fused_kvstore_long40", "fused_kvstore_long40_short400"])
+@pytest.mark.parametrize("variant", ["fused_kvstore_short400", "fused_kvstore_long40",
+                                     "fused_kvstore_long40_short400"])
 def test_split_launch_variants_select_as_the_default_past_the_fused_rows(requests, variant):
     """A variant whose split top-k launches differ from ``fused_kvstore_narrow``'s at 34 and 49 requests x 8 KV heads
     (272 and 392 rows, past the fused rows): ``fused_kvstore_short400``'s one launch of every tier where the default
