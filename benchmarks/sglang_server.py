@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -146,6 +147,21 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+_LIVE: set["Server"] = set()  # servers this process started and has not stopped
+
+
+def stop_servers_on_sigterm() -> None:
+    """On SIGTERM (``timeout``'s), stop every server this process started, then exit 143. A server runs in a session
+    of its own, so without this it outlives its benchmark and holds its card and port: call 40, 3's timed-out
+    benchmark left one whose port failed the next run on that card. ``Server.start`` calls it from the main thread;
+    a benchmark whose servers start in threads calls it once first."""
+    def stop_all(signum, frame):
+        for srv in list(_LIVE):
+            srv.stop()
+        sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, stop_all)
+
+
 class Server:
     """``python -m sglang.launch_server`` (or ``sparrow-server serve --engine sglang`` with ``sparrow``)
     in its own process group, logging to ``log_path``."""
@@ -174,12 +190,15 @@ class Server:
         one port, one benchmarking the other's server)."""
         if port_in_use(self.port):
             raise RuntimeError(f"port {self.port} is in use: another server would answer this server's /health")
+        if threading.current_thread() is threading.main_thread():
+            stop_servers_on_sigterm()
         t0 = time.time()
         log = open(self.log_path, "a")
         log.write("$ " + " ".join(self.cmd) + "\n")
         log.flush()
         self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
+        _LIVE.add(self)
         while time.time() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
@@ -207,6 +226,7 @@ class Server:
             return 0
 
     def stop(self) -> None:
+        _LIVE.discard(self)
         if self.proc is None:
             return
         try:

@@ -187,6 +187,7 @@ def run_parallel(size, backends, work_dir, out_dir, args, schedule):
     half still returns it."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
+    S.stop_servers_on_sigterm()  # the servers start in the pool's threads
     with ThreadPoolExecutor(len(backends)) as pool:
         futs = {pool.submit(run_backend, size, b, work_dir, out_dir, args, schedule, card=i, port=args.port + i): b
                 for i, b in enumerate(backends)}

@@ -111,11 +111,6 @@ BREAKS = (
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do",
            f"{KERNEL_TESTS}::test_rows_past_2048_candidates")),
-    Break("single_select_launch_long_rows_only", "the split top-k's one launch of every tier selects only the rows "
-          "past 1,536 candidates (PART 2), as if the short rows' launch had run (fused_kvstore_short400 past its "
-          "fused rows; every split variant below its two launches)", TOPK,
-          'return [({**consts, "PART": 0}, options)]', 'return [({**consts, "PART": 2}, options)]',
-          (f"{KERNEL_TESTS}::test_split_launch_variants_select_as_the_default_past_the_fused_rows",)),
     Break("atomic_rounds_share_bins", "the atomic histograms' rounds count into one set of 256 bins, not each its own "
           "zeroed third of the row's (fused_atomic_narrow and the variants built on it, the default "
           "fused_joint_narrow among them)", TOPK,

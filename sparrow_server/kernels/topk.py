@@ -291,7 +291,6 @@ def select_launches(variant: str | None = None, rows: int | None = None) -> list
     one, or two for a ``short_warps`` variant at ``short_from_rows`` rows or more."""
     v = TOPK_VARIANTS[resolve_variant(variant)]
     consts, options = tier_launch(variant)
-    options = {**options, "maxnreg": v.split_maxnreg} if v.split_maxnreg else options
     if v.short_warps is None or (rows is not None and rows < v.short_from_rows):
         return [({**consts, "PART": 0}, options)]
     short = {"num_warps": v.short_warps, **({"maxnreg": v.short_maxnreg} if v.short_maxnreg else {})}

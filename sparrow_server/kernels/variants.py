@@ -15,10 +15,6 @@ SELECT_WARPS = 16     # warps of a ``select_and_write`` program
 # ``fine_hist64`` runs 2 rows per SM, so on the 132 SMs of an H100 or H200 up to 264 rows in one wave; below that a
 # second launch for the short rows buys no SM and costs its launch (call 24's kernel bench at batch 16).
 WIDE_FROM_ROWS = 264
-# Past the fused rows, the short rows' launch of its own only from this many rows (50 requests at 8 KV heads): at 32K
-# x 34 (272 rows, every row past 1,536 candidates) that launch's programs all return at once, 2.6-2.9 us and a gap in
-# each sparse layer of call 38's served profile; the split top-k below it runs as one launch of every tier.
-SHORT_FROM_ROWS_LATE = 400
 
 
 @dataclass(frozen=True)
@@ -40,9 +36,6 @@ class TopKVariant:
     short_maxnreg: int | None = None
     # the two launches only from this many rows (request x KV head) on; fewer run as one launch of every row
     short_from_rows: int = 0
-    # The split top-k's launch of the long rows (or of every row) under this register cap (None: ``maxnreg``): at 40,
-    # 3 of its 16-warp programs an SM, so up to 396 rows run in one wave where 2 an SM (64) take two past 264 rows.
-    split_maxnreg: int | None = None
     # One launch scores and selects (``sparse_decode.score_and_select``): a program per row streams its own
     # landmarks (a pipelined loop), then runs this top-k on the scores it just wrote (still in L1/L2), with every
     # tier in one kernel under ``maxnreg``. Up to ``fused_max_rows`` rows (None: any); more run the split scoring
@@ -178,10 +171,6 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                  hoisted=True, copies_query=True, stores_kv=True)}
-TOPK_VARIANTS["fused_kvstore_short400"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"],
-                                                  short_from_rows=SHORT_FROM_ROWS_LATE)
-TOPK_VARIANTS["fused_kvstore_long40"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"], split_maxnreg=40)
-TOPK_VARIANTS["fused_kvstore_long40_short400"] = replace(TOPK_VARIANTS["fused_kvstore_short400"], split_maxnreg=40)
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -237,8 +226,17 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
 # path (.copies_query).
 # ``fused_kvstore_narrow``: that which also stores the step's key and value into the pool (.stores_kv).
-# ``fused_kvstore_short400``: that whose split top-k (past the fused rows) runs the short rows' launch of its own only
-# from SHORT_FROM_ROWS_LATE rows, one launch of every tier below (not yet measured).
+# Nor is the split top-k past the fused rows as one launch of every tier up to 399 rows (the short rows' launch of
+# its own only from 400, ``fused_kvstore_short400``: at 32K x 34 every row is past 1,536 candidates, so that launch
+# selects nothing), nor its long rows' launch under 40 registers (3 programs an SM, 396 rows in one wave,
+# ``fused_kvstore_long40``; 112 bytes of stack, offline sm_90). Call 40's bench (us of selection, its calls 1 / 3):
+# short400 62.2 / 62.1 against 64.7 / 64.2 at 34 x 32K, 67.9 / 68.1 against 70.5 / 70.8 at 40, but 49.5 / 49.9 against
+# 48.7 / 49.2 at 48 x 16K (every row short: the one launch's 16 warps under 64 registers run them slower than their own
+# launch); served at 32K x 34, three pairs on one host's two cards, both orders: 3527.4 / 3526.8 / 3527.2 against
+# 3521.0 / 3522.8 / 3523.4 tok/s (+0.13%). long40's top-k took what the default's did (16.3 against 16.2 us at 34 x
+# 32K: two waves of 2 programs an SM were not what it cost), its selection 63.8 against 64.2, 69.9 against 70.8 at 40;
+# served 3457.8 against 3471.6 (one card, another host: -0.4%). Their GPU tests passed (code ``d33c86e``,
+# ``benchmarks/results/speed/call40/``).
 # Nor is the fused launch past one wave of 2 row programs an SM, up to 396 rows at 3 under 40 registers (144 bytes of
 # stack, offline sm_90: benchmarks/results/speed/call39/kernel_wide3/offline/): in call 39's bench its selection took
 # 71.9 against the split launches' 65.0 us at 34 x 32K (its scoring alone 55.0 against 45.4) and 74.1 against 70.5

@@ -40,3 +40,35 @@ def test_a_closed_server_s_port_is_free_again():
     listener.close()
     assert not S.port_in_use(port)
     assert S.free_port() > 0
+
+
+def test_sigterm_stops_the_server_before_the_benchmark_exits(tmp_path):
+    """``timeout``'s SIGTERM to a benchmark stops the server it started (its own session: without the handler it
+    outlives the benchmark and keeps its port). The stand-in server records its pid and sleeps; no /health answers,
+    so the benchmark is still waiting in ``start`` when the signal comes."""
+    import os
+    import signal
+    import subprocess
+
+    pid_file = tmp_path / "server.pid"
+    server = tmp_path / "server.py"
+    server.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    bench_script = tmp_path / "bench.py"
+    bench_script.write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(S.__file__).parent)!r})\nimport sglang_server as S\n"
+        f"srv = S.Server({str(tmp_path)!r}, [], {str(tmp_path / 'server.log')!r}, port=S.free_port())\n"
+        f"srv.cmd = [sys.executable, {str(server)!r}]\nsrv.start(timeout_s=600)\n")
+    bench = subprocess.Popen([sys.executable, str(bench_script)])
+    try:
+        deadline = time.time() + 120
+        while not (pid_file.exists() and pid_file.read_text()) and bench.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        server_pid = int(pid_file.read_text())
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=120) == 128 + signal.SIGTERM
+        assert not os.path.exists(f"/proc/{server_pid}")  # stopped and reaped by the benchmark before it exited
+    finally:
+        bench.kill()
+        bench.wait()
+        if pid_file.exists() and pid_file.read_text() and os.path.exists(f"/proc/{pid_file.read_text()}"):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)  # a server the benchmark left behind

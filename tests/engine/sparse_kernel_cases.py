@@ -29,7 +29,7 @@ VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
             "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-            "fused_kvstore_narrow", "fused_kvstore_short400", "fused_kvstore_long40", "fused_kvstore_long40_short400")
+            "fused_kvstore_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -275,32 +275,6 @@ def test_wide_variant_splits_only_past_its_rows(K):
     assert K.select_launches("short8_hist40_wide", rows) == K.select_launches("short8_hist40", rows)
     assert [c["PART"] for c, _ in K.select_launches("short8_hist40_wide", rows)] == [1, 2]
     assert len(K.select_launches("short8_hist40", 1)) == 2  # the unconditional variant splits at any size
-
-
-def test_late_short_variant_splits_the_top_k_only_from_400_rows(K):
-    """``fused_kvstore_short400`` fuses as ``fused_kvstore_narrow`` up to 264 rows; past them its split top-k is one
-    launch of every tier (PART 0) below 400 rows (32K x 34: no row short, so no idle launch), the default's two
-    (the short rows' own, then the long ones') from 400."""
-    late, narrow = (K.TOPK_VARIANTS[v] for v in ("fused_kvstore_short400", "fused_kvstore_narrow"))
-    assert late.fuses(264) and not late.fuses(265) and narrow.fuses(264) and not narrow.fuses(265)
-    assert [c["PART"] for c, _ in K.select_launches("fused_kvstore_short400", 272)] == [0]
-    assert [c["PART"] for c, _ in K.select_launches("fused_kvstore_narrow", 272)] == [1, 2]
-    assert K.select_launches("fused_kvstore_short400", 399) == K.select_launches("fused_kvstore_narrow", 1)
-    assert K.select_launches("fused_kvstore_short400", 400) == K.select_launches("fused_kvstore_narrow", 400)
-
-
-def test_long40_variants_cap_only_the_split_top_k_launch_of_the_long_rows(K):
-    """``fused_kvstore_long40`` fuses under ``fused_kvstore_narrow``'s 64 registers (2 row programs an SM); past the
-    fused rows its long rows' launch (PART 2, or the one launch of every row, PART 0) runs under 40 (3 an SM: 396
-    rows in one wave), the short rows' launch as the default's."""
-    assert K.tier_launch("fused_kvstore_long40") == K.tier_launch("fused_kvstore_narrow")
-    assert K.tier_launch("fused_kvstore_narrow")[1]["maxnreg"] == 64
-    (short, long_), (d_short, d_long) = (K.select_launches(v, 272) for v in ("fused_kvstore_long40",
-                                                                             "fused_kvstore_narrow"))
-    assert short == d_short and long_[0] == d_long[0] and long_[1] == {**d_long[1], "maxnreg": 40}
-    ((consts, options),) = K.select_launches("fused_kvstore_long40_short400", 272)
-    assert consts["PART"] == 0 and options == {**d_long[1], "maxnreg": 40}
-    assert K.select_launches("fused_kvstore_long40_short400", 400) == K.select_launches("fused_kvstore_long40", 400)
 
 
 @pytest.mark.parametrize("variant", ["fine_hist64", "fused_hist64", "fused_exit_narrow", "fused_packed_narrow",
