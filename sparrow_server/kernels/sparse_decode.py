@@ -209,11 +209,10 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
                 k_stride, v_stride, vbuf_ptr, n_fused, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                 PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr, UPDATE: tl.constexpr,
-                SELECT: tl.constexpr,
-                HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr, SMALL: tl.constexpr,
-                MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
-                TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
-                FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
+                SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr,
+                SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
+                TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr,
+                BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
                 PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr, HYBRID: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
