@@ -212,8 +212,9 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                 SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr,
                 SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
                 TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr,
-                BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr, HYBRID: tl.constexpr):
+                BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr,
+                EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr,
+                HYBRID: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
