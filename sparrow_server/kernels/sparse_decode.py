@@ -316,8 +316,8 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
                      cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
                      store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
-    ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
-    Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
+    ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both
+    (a hybrid one past them: the later requests' scores first). Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
     apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention). ``store_kv``
     (where ``stores_kv``; with ``k_buf`` and ``cache_loc``): the step's key and value ([B, H, D], each token's heads
     adjacent, its tokens a stride apart) and the value pool: the launch stores them at ``cache_loc`` first, as
@@ -328,10 +328,10 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
         assert copies_query(variant), "the query copy is a copying variant's"
     if store_kv is not None:
         assert stores_kv(variant), "the K/V store is a storing variant's"
+    _check_query_copy(q, q_out)
+    _check_step_kv(store_kv, k_buf, cache_loc)
     v, h = TOPK_VARIANTS[variant], landmarks.shape[1]
     if v.fuses(q.shape[0] * h):
-        _check_query_copy(q, q_out)
-        _check_step_kv(store_kv, k_buf, cache_loc)
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
                     cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv)
         return
