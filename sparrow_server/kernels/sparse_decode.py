@@ -318,8 +318,8 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of
     both (a hybrid one past them: the later requests' scores first). Same scores, pages and landmark update either
-    way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
-    apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention). ``store_kv``
+    way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride apart per token, and the launch also copies it
+    into ``q_out`` (contiguous, for the attention). ``store_kv``
     (where ``stores_kv``; with ``k_buf`` and ``cache_loc``): the step's key and value ([B, H, D], each token's heads
     adjacent, its tokens a stride apart) and the value pool: the launch stores them at ``cache_loc`` first, as
     SGLang's ``set_kv_buffer`` would (a plain pool of their dtype), so the landmark update sees the step's key."""
