@@ -332,21 +332,20 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     _check_query_copy(q, q_out)
     _check_step_kv(store_kv, k_buf, cache_loc)
     v, h = TOPK_VARIANTS[variant], landmarks.shape[1]
-    if v.fuses(q.shape[0] * h):
-        _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv)
-        return
-    if n_fused := v.hybrid_fused_rows(q.shape[0] * h, h):  # the later requests scored first by the split grid
+    n_fused = v.hybrid_fused_rows(q.shape[0] * h, h)
+    if n_fused:  # the later requests' scores first, by the split grid; the launch below only selects them
         tail = slice(n_fused // h, None)
         _grid_scores(q[tail], landmarks, req_to_token, req_pool_indices[tail], f["cand_lo"][tail], f["cand_hi"][tail],
                      page_size, scores[n_fused:], k_buf, None if cache_loc is None else cache_loc[tail], variant,
                      None if q_out is None else q_out[tail], None if store_kv is None else
                      (store_kv[0][tail], store_kv[1][tail], store_kv[2]))
+    if n_fused or v.fuses(q.shape[0] * h):
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv, n_fused=n_fused)
+                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv,
+                    n_fused=n_fused or None)
         return
-    page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                cache_loc, variant, q_out=q_out, store_kv=store_kv)
+    _grid_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
+                 cache_loc, variant, q_out, store_kv)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
