@@ -30,7 +30,7 @@ ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64"
                  r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
                  lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
                  q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32",
-                 vbuf_ptr="*bf16", n_fused="i32")
+                 vbuf_ptr="*bf16")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     bins_ptr="*i32", r2t_stride="i32")
@@ -51,7 +51,7 @@ def row_kernel_launch(variant: str) -> tuple[dict, dict]:
     consts, options = topk.tier_launch(variant)
     v = topk.TOPK_VARIANTS[variant]
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
-                HOIST=v.hoisted, COPY_Q=v.copies_query, STORE_KV=v.stores_kv, HYBRID=v.hybrid, **consts), options
+                HOIST=v.hoisted, COPY_Q=v.copies_query, STORE_KV=v.stores_kv, **consts), options
 
 
 def score_kernel_launch(variant: str, pcap: int) -> tuple[dict, dict]:

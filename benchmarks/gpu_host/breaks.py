@@ -32,12 +32,8 @@ PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
 _STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
           "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")
-# the fused row's store, then its landmark update (kv_store_after_landmark swaps them; in the hoisted launch they
-# run under ``if scores_row:``, 4 columns further in)
+# the fused row's store, then its landmark update (kv_store_after_landmark swaps them)
 _UPDATE = "        if UPDATE:\n            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)\n"
-_HOISTED_STORE_UPDATE, _HOISTED_UPDATE_STORE = (
-    "        if scores_row:\n" + "".join("    " + line for line in text.splitlines(keepends=True))
-    for text in (_STORE + _UPDATE, _UPDATE + _STORE))
 RADIX = "sparrow_server/kernels/radix.py"
 TOPK = "sparrow_server/kernels/topk.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
@@ -159,13 +155,9 @@ BREAKS = (
           (f"{KERNEL_TESTS}::test_kv_store_stores_the_step_kv_and_attends_the_same",)),
     Break("kv_store_after_landmark", "a fused row stores the step's K and V after its landmark update read the slot "
           "(fused_kvstore_narrow)", KERNELS,
-          f"{_HOISTED_STORE_UPDATE}        if SELECT:\n            t, slot, m",
-          f"{_HOISTED_UPDATE_STORE}        if SELECT:\n            t, slot, m",
+          f"{_STORE}{_UPDATE}        if SELECT:\n            t, slot, m",
+          f"{_UPDATE}{_STORE}        if SELECT:\n            t, slot, m",
           (f"{KERNEL_TESTS}::test_kv_store_stores_the_step_kv_and_attends_the_same",)),
-    Break("hybrid_request_unscored", "the hybrid launch's split grid starts a request late: the first select-only "
-          "request neither scored, its landmark updated, its K/V stored nor its query copied (fused_kvstore_hybrid)",
-          KERNELS, "        tail = slice(n_fused // h, None)", "        tail = slice(n_fused // h + 1, None)",
-          (f"{KERNEL_TESTS}::test_hybrid_launch_selects_as_the_split_launches",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",

@@ -23,13 +23,12 @@
 # programs issue their plan loads and reserved pages' gathers ahead of the scoring (TopKVariant.hoisted);
 # ``fused_qcopy_narrow`` that which takes the query strided per token and copies it contiguous for the attention, in
 # either launch path (TopKVariant.copies_query); ``fused_kvstore_narrow`` that which also stores the step's key and
-# value into the pool (TopKVariant.stores_kv); ``fused_kvstore_hybrid`` that whose one launch past the fused rows
-# fuses the first rows and only selects the later ones, scored first by the split grid (TopKVariant.hybrid).
+# value into the pool (TopKVariant.stores_kv).
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
                    "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
                    "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-                   "fused_kvstore_narrow", "fused_kvstore_hybrid")
+                   "fused_kvstore_narrow")
 # ``fused_hist64_narrow`` (call 25, H200, benchmarks/results/speed/call25/): at batch 16 (128 rows) selection 36.3 vs
 # ``short8_hist40_wide``'s 38.6 us per layer at 32K, 41.7 vs 45.1 at 33K, 44.1 vs 48.9 at 40K (16K: 21.9 vs 23.8); past
 # 264 rows ``short8_hist40_wide``'s own launches (call 24: 67.9 vs ``fine_hist64``'s 78.2 us at 16K x 64, rollout A

@@ -207,29 +207,23 @@ def _score_row(qs, lm_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.const
 @triton.jit
 def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
-                k_stride, v_stride, vbuf_ptr, n_fused, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-                PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr, UPDATE: tl.constexpr,
-                SELECT: tl.constexpr, HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr,
-                SMALL: tl.constexpr, MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr,
-                TAIL_A: tl.constexpr, TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr,
-                BITS: tl.constexpr, FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr,
-                EXIT: tl.constexpr, PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr,
-                HYBRID: tl.constexpr):
+                k_stride, v_stride, vbuf_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                BLOCK_P: tl.constexpr, STAGES: tl.constexpr, UPDATE: tl.constexpr, SELECT: tl.constexpr,
+                HOIST: tl.constexpr, COPY_Q: tl.constexpr, STORE_KV: tl.constexpr, SMALL: tl.constexpr,
+                MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
+                TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
+                FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
+                PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
     reserved pages' ids gathered before the scoring and stored after it. COPY_Q: the query read ``q_stride``
     elements a token apart and its row's heads copied into ``qout_ptr`` (contiguous), else read contiguous.
     STORE_KV (with UPDATE): first the step's key and value of the row's head (``kin_ptr``, ``vin_ptr``, tokens
-    ``k_stride``, ``v_stride`` elements apart) into the pool at the request's slot, as SGLang's ``set_kv_buffer``.
-    HYBRID (``TopKVariant.hybrid``; HOIST): rows from ``n_fused`` on were scored (updated, stored, copied) by the
-    split grid before this launch, so their programs only select."""
+    ``k_stride``, ``v_stride`` elements apart) into the pool at the request's slot, as SGLang's ``set_kv_buffer``."""
     r = tl.program_id(0)
     b = r // H
     h = r % H
-    scores_row = True
-    if HYBRID:
-        scores_row = r < n_fused
     if HOIST:  # the plan loads in flight together; the reserved pages' ids on their way during the scoring
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
@@ -240,12 +234,11 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             cnt = tl.load(cnt_ptr + b)
             s = tl.load(sink_ptr + b)
             out = out_ptr + tl.load(indptr_ptr + r)
-        if scores_row:
-            if STORE_KV:
-                _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
-                tl.debug_barrier()
-            if UPDATE:
-                row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        if STORE_KV:
+            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
+            tl.debug_barrier()
+        if UPDATE:
+            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
         if SELECT:
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
@@ -257,12 +250,11 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
-    if scores_row:
-        if COPY_Q:
-            qs = _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
-        else:
-            qs = _group_query_sum(q_ptr, b, h, H, G, D)
-        _score_row(qs, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
+    if COPY_Q:
+        qs = _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
+    else:
+        qs = _group_query_sum(q_ptr, b, h, H, G, D)
+    _score_row(qs, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
     if SELECT:
         if HOIST:
             tl.store(out + t, slot * H + h, mask=m)
@@ -288,12 +280,10 @@ def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc
 
 
 def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
-                select: tuple | None = None, q_out: Tensor | None = None, store_kv: tuple | None = None,
-                n_fused: int | None = None) -> None:
+                select: tuple | None = None, q_out: Tensor | None = None, store_kv: tuple | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
     buffer) the selection too; with ``q_out``, ``q`` copied into it; with ``store_kv``, the step's K and V stored
-    first; with ``n_fused`` (a hybrid launch), the rows from it on only selected. Arguments a launch does not read
-    are passed as ``cand_lo`` (a pointer of its own)."""
+    first. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     consts, options = tier_launch(variant)
@@ -305,10 +295,9 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
         q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
         cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, kin, vin,
-        kin.stride(0), vin.stride(0), v_buf, b * h if n_fused is None else n_fused, H=h, G=hq // h, D=d, PS=page_size,
-        BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None,
-        HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, COPY_Q=q_out is not None,
-        STORE_KV=store_kv is not None, HYBRID=n_fused is not None, **consts, **options)
+        kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES,
+        UPDATE=k_buf is not None, SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted,
+        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
@@ -316,10 +305,9 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
                      cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
                      store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
-    ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of
-    both (a hybrid one past them: the later requests' scores first). Same scores, pages and landmark update either
-    way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride apart per token, and the launch also copies it
-    into ``q_out`` (contiguous, for the attention). ``store_kv``
+    ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
+    Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
+    apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention). ``store_kv``
     (where ``stores_kv``; with ``k_buf`` and ``cache_loc``): the step's key and value ([B, H, D], each token's heads
     adjacent, its tokens a stride apart) and the value pool: the launch stores them at ``cache_loc`` first, as
     SGLang's ``set_kv_buffer`` would (a plain pool of their dtype), so the landmark update sees the step's key."""
@@ -329,23 +317,14 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
         assert copies_query(variant), "the query copy is a copying variant's"
     if store_kv is not None:
         assert stores_kv(variant), "the K/V store is a storing variant's"
-    _check_query_copy(q, q_out)
-    _check_step_kv(store_kv, k_buf, cache_loc)
-    v, h = TOPK_VARIANTS[variant], landmarks.shape[1]
-    n_fused = v.hybrid_fused_rows(q.shape[0] * h, h)
-    if n_fused:  # the later requests' scores first, by the split grid; the launch below only selects them
-        tail = slice(n_fused // h, None)
-        _grid_scores(q[tail], landmarks, req_to_token, req_pool_indices[tail], f["cand_lo"][tail], f["cand_hi"][tail],
-                     page_size, scores[n_fused:], k_buf, None if cache_loc is None else cache_loc[tail], variant,
-                     None if q_out is None else q_out[tail], None if store_kv is None else
-                     (store_kv[0][tail], store_kv[1][tail], store_kv[2]))
-    if n_fused or v.fuses(q.shape[0] * h):
+    if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
+        _check_query_copy(q, q_out)
+        _check_step_kv(store_kv, k_buf, cache_loc)
         _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv,
-                    n_fused=n_fused or None)
+                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv)
         return
-    _grid_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                 cache_loc, variant, q_out, store_kv)
+    page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
+                cache_loc, variant, q_out=q_out, store_kv=store_kv)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
@@ -403,7 +382,9 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
     each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
     Returns out."""
-    b, h = q.shape[0], landmarks.shape[1]
+    b, hq, d = q.shape
+    h = landmarks.shape[1]
+    update = k_buf is not None
     variant = resolve_variant(variant)
     _check_query_copy(q, q_out)
     _check_step_kv(store_kv, k_buf, cache_loc)
@@ -411,17 +392,6 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
         _row_launch(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
                     variant, q_out=q_out, store_kv=store_kv)
         return out
-    _grid_scores(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
-                 variant, q_out, store_kv)
-    return out
-
-
-def _grid_scores(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
-                 variant, q_out, store_kv) -> None:
-    """``page_scores`` by the split grid (``score_programs`` programs a request), whatever the rows."""
-    b, hq, d = q.shape
-    h = landmarks.shape[1]
-    update = k_buf is not None
     nprog = score_programs(out.shape[1], variant)
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _score_kernel[(b, nprog)](
@@ -431,3 +401,4 @@ def _grid_scores(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi,
         BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d),
         COPY_Q=q_out is not None, STORE_KV=store_kv is not None, num_warps=8,
         **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
+    return out

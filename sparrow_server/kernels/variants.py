@@ -111,12 +111,6 @@ class TopKVariant:
     # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
     # pool is a plain token-major one of the key's dtype. Call 35 (one H200, sparse server alone): 32K x 16 +0.94%.
     stores_kv: bool = False
-    # Past the fused rows up to half as many again (265-396 rows at 8 KV heads: 34-49 requests), one fused launch
-    # at 2 programs an SM whose later rows were scored first by the split grid (``hybrid_fused_rows``), so their
-    # programs only select: the split launches run a row's top-k (16.5 us at 34 x 32K) after every row's scoring
-    # (45.7 us), where the fused launch runs it beside another row's streaming on its SM. The fused rows
-    # (2 x fused_max_rows - rows, whole requests) leave one wave's other slots to the select-only programs, a few each.
-    hybrid: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -127,7 +121,6 @@ class TopKVariant:
         assert not self.top_digits or self.atomic, "top_digits: the first round before the atomic ones"
         assert not self.joint_write or self.packed, "joint_write: the packed write's ranks"
         assert not self.hoisted or self.joint_write, "hoisted: the joint write's gathers ahead of its ranks"
-        assert not self.hybrid or (self.hoisted and self.fused_max_rows), "hybrid: the hoisted fused launch's rows"
 
     @property
     def packed_code(self) -> int:
@@ -150,13 +143,6 @@ class TopKVariant:
     def fuses(self, rows: int) -> bool:
         """Whether ``rows`` rows score and select in one launch."""
         return self.fused and (self.fused_max_rows is None or rows <= self.fused_max_rows)
-
-    def hybrid_fused_rows(self, rows: int, heads: int) -> int:
-        """Of ``rows`` rows (``heads`` a request) past the fused ones, how many a ``hybrid`` launch scores and
-        selects (the first ones); the rest the split grid scores before it. 0: the split launches."""
-        if not self.hybrid or self.fuses(rows) or 2 * rows > 3 * self.fused_max_rows:
-            return 0
-        return (2 * self.fused_max_rows - rows) // heads * heads
 
 
 _NARROW = TopKVariant(tails=True, fine=True, bits=8, maxnreg=64, fused=True, fused_max_rows=WIDE_FROM_ROWS,
@@ -185,7 +171,6 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                  hoisted=True, copies_query=True, stores_kv=True)}
-TOPK_VARIANTS["fused_kvstore_hybrid"] = replace(TOPK_VARIANTS["fused_kvstore_narrow"], hybrid=True)
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -241,8 +226,6 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # ``fused_qcopy_narrow``: that which copies the query contiguous for the attention as it reads it, in either launch
 # path (.copies_query).
 # ``fused_kvstore_narrow``: that which also stores the step's key and value into the pool (.stores_kv).
-# ``fused_kvstore_hybrid``: that whose launch past the fused rows, up to half as many again, fuses the first rows and
-# only selects the later ones, scored first by the split grid (.hybrid; not yet measured).
 # Nor is the split top-k past the fused rows as one launch of every tier up to 399 rows (the short rows' launch of
 # its own only from 400, ``fused_kvstore_short400``: at 32K x 34 every row is past 1,536 candidates, so that launch
 # selects nothing), nor its long rows' launch under 40 registers (3 programs an SM, 396 rows in one wave,
@@ -254,6 +237,13 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # 32K: two waves of 2 programs an SM were not what it cost), its selection 63.8 against 64.2, 69.9 against 70.8 at 40;
 # served 3457.8 against 3471.6 (one card, another host: -0.4%). Their GPU tests passed (code ``d33c86e``,
 # ``benchmarks/results/speed/call40/``).
+# Nor is one fused launch at 265-396 rows whose first 2 x 264 - rows rows (whole requests) score and select and whose
+# later rows, scored first by the split grid, only select (``fused_kvstore_hybrid``, code ``5fef545``): selection
+# 60.0 against 64.4 us at 34 x 32K, but 71.2 against 70.1 at 40, 38.5 against 37.1 at 34 x 16K and 49.6 against 48.6
+# at 48 x 16K (call 41, 1); served at 32K x 34 in SGLang's graph of 40 (320 rows: 208 fused) 3520.7 against 3519.2 tok/s
+# (+0.04%), and in graphs captured at 34 (272 rows: 256 fused), both orders on one host's two cards, 3498.2 / 3491.8
+# against 3485.0 / 3466.9 (+0.55%; call 41, 2). Its GPU tests passed and caught its break
+# (``benchmarks/results/speed/call41/``).
 # Nor is the fused launch past one wave of 2 row programs an SM, up to 396 rows at 3 under 40 registers (144 bytes of
 # stack, offline sm_90: benchmarks/results/speed/call39/kernel_wide3/offline/): in call 39's bench its selection took
 # 71.9 against the split launches' 65.0 us at 34 x 32K (its scoring alone 55.0 against 45.4) and 74.1 against 70.5

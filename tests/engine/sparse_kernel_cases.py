@@ -29,55 +29,12 @@ VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
             "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-            "fused_kvstore_narrow", "fused_kvstore_hybrid")
+            "fused_kvstore_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("runs only under TRITON_INTERPRET=1 (test_sparse_kernels_interpreted.py sets it)",
                 allow_module_level=True)
-
-
-def test_hybrid_launch_fuses_the_first_requests_past_the_fused_rows(K):
-    """``fused_kvstore_hybrid`` past its 264 fused rows, up to 396 (8 KV heads: 34-49 requests), fuses
-    2 x 264 - rows of them (whole requests: one wave's other slots left to the rest, which only select), and past
-    396 runs the default's split launches."""
-    v = K.TOPK_VARIANTS["fused_kvstore_hybrid"]
-    assert [v.hybrid_fused_rows(r, 8) for r in (264, 272, 320, 392, 396, 400)] == [0, 256, 208, 136, 128, 0]
-    assert K.TOPK_VARIANTS["fused_kvstore_narrow"].hybrid_fused_rows(272, 8) == 0
-
-
-def test_hybrid_launch_writes_what_the_split_launches_do(K, monkeypatch):
-    """``fused_kvstore_hybrid`` past its fused rows (here 4 rows: 3 requests x 2 KV heads make 6, the first request
-    fused, the other two scored by the split grid first) given the strided query, key and value as SGLang's decode
-    has them: the same pools, query copy, landmarks, scores and pages as ``fused_kvstore_narrow``'s split launches."""
-    for name in ("fused_kvstore_hybrid", "fused_kvstore_narrow"):
-        monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=4))
-    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300)] + [700]
-    case = _case(lengths[::-1], seed=29, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
-    schedules = [dense_schedule()] + [fixed_budget_schedule(b) for b in (30, 256)]
-    one = _selection(K, case, schedules, torch.float32, variant="fused_kvstore_hybrid")
-    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_kvstore_narrow")
-    assert K.TOPK_VARIANTS[one.variant].hybrid_fused_rows(6, 2) == 2 and not K.TOPK_VARIANTS[one.variant].fuses(6)
-    b, hq, d = case.q.shape
-    qkv = torch.randn(b, (hq + 2 * 2) * d)  # a fused QKV output: q, then k and v, in each row
-    qkv[:, :hq * d] = case.q.reshape(b, -1)
-    q = qkv[:, :hq * d].view(b, hq, d)
-    k, v = (qkv[:, (hq + i * 2) * d:(hq + i * 2 + 2) * d].view(b, 2, d) for i in (0, 1))
-    loc = case.req_to_token[case.rpi, (case.lengths // PS) * PS - 1].long()  # each completes a page
-    pools = []
-    for sel in (one, two):
-        k_buf, v_buf, q_out = case.k_buf.clone(), case.v_buf.clone(), torch.full_like(case.q, OUTSIDE)
-        sel.scores.fill_(OUTSIDE)
-        sel.indices.fill_(-1)
-        K.score_and_select(q, sel.lm, case.req_to_token, case.rpi, one.fields, sel.row_indptr, PS, sel.scores,
-                           sel.indices, k_buf=k_buf, cache_loc=loc, variant=sel.variant, q_out=q_out,
-                           store_kv=(k, v, v_buf))
-        pools.append((k_buf, v_buf, q_out))
-    assert all(torch.equal(x, y) for x, y in zip(*pools)) and torch.equal(pools[0][2], case.q)
-    assert torch.equal(pools[0][0][loc], k) and torch.equal(pools[0][1][loc], v)
-    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
-    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
-    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
 @pytest.fixture(scope="module")

@@ -273,44 +273,6 @@ def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
     assert torch.equal(one.wrapper.run(case.q.view(-1, one.g, d), one.kv), want)
 
 
-@pytest.mark.parametrize("requests", [34, 40, 49])
-def test_hybrid_launch_selects_as_the_split_launches(requests):
-    """``fused_kvstore_hybrid`` at 34, 40 and 49 requests x 8 KV heads (272, 320 and 392 rows: past the fused rows, its
-    first 256, 208 and 136 rows fused, the rest scored by the split grid first and only selected) against
-    ``fused_kvstore_narrow``'s split launches: the same stores, query copy, landmarks, scores and pages, rows of 500 to
-    33,000 tokens (short and long tiers) and a dense one."""
-    from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
-
-    g = torch.Generator().manual_seed(requests)
-    lengths = [33000, 16500, 700, 24500, 2100] + torch.randint(500, 33000, (requests - 5,), generator=g).tolist()
-    budgets = [256, 100, 30, 200, None] + torch.randint(16, 256, (requests - 5,), generator=g).tolist()
-    case = make_case(lengths[::-1], seed=requests)  # the long first rows among the later, select-only, requests
-    plan = plan_for(case, [dense_schedule() if b is None else fixed_budget_schedule(b) for b in budgets[::-1]], 256)
-    lm = _landmarks(case, torch.bfloat16)
-    one = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_hybrid")
-    two = _layer(case, plan, lm.clone(), pcap=40960 // PS, variant="fused_kvstore_narrow")
-    rows = one.scores.shape[0]
-    assert 0 < K.TOPK_VARIANTS[one.variant].hybrid_fused_rows(rows, 8) < rows
-    assert not K.TOPK_VARIANTS[two.variant].fuses(rows) and not K.TOPK_VARIANTS[two.variant].hybrid_fused_rows(rows, 8)
-    b, hq, d = case.q.shape
-    k, v = (torch.randn(b, 8, d, device="cuda").to(case.q.dtype) for _ in range(2))
-    n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
-    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()  # completes each request's first recent page
-    outs = []
-    for sel in (one, two):
-        k_buf, v_buf, q_out = case.k_buf.clone(), case.v_buf.clone(), torch.zeros_like(case.q)
-        K.score_and_select(case.q, sel.lm, case.req_to_token, case.rpi, sel.fields, sel.row_indptr, PS, sel.scores,
-                           sel.indices, k_buf=k_buf, cache_loc=loc, variant=sel.variant, q_out=q_out,
-                           store_kv=(k, v, v_buf))
-        outs.append((k_buf, v_buf, q_out))
-    assert all(torch.equal(x, y) for x, y in zip(*outs)) and torch.equal(outs[0][0][loc], k)
-    assert torch.equal(outs[0][2], case.q)
-    assert torch.equal(one.lm, two.lm) and torch.equal(one.scores, two.scores)
-    assert torch.equal(one.indices, two.indices)
-    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
-
-
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""
