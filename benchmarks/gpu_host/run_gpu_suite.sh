@@ -6,13 +6,13 @@
 #         the TP tests on both, all
 #         at once (every server caps its KV pool or sizes it from the memory free at its start; trainer compat
 #         measures what its server frees from NVML's per-process counts, so it need not have its card alone).
-# On one GPU, two commands:
-# PART 1: serving, service, kernel, dense-layers, exact-acceptance, deterministic, GQA-group-4, sub-row (and cross-engine)
-#         tests at once
-#         on GPU 0 (with 2 GPUs, trainer compat on GPU 1 beside them).
-# PART 2: 2 GPUs: the TP tests on both cards. 1 GPU: trainer compat alone (where NVML cannot see the
-#         server's processes it falls back to the card's used memory, right only on a card of its own;
-#         the TP tests skip).
+# On one GPU, three commands (the whole on one card runs past a call: the kernel module alone beside the others ran
+# past 540 s in calls 26 and 27):
+# PART 1: the sparse-kernel module's three shards, GQA-group-4 and sub-row tests at once on GPU $SUITE_GPU (default 0).
+# PART 2: serving, service, cross-engine, dense-layers, exact-acceptance and deterministic tests at once on that GPU.
+# PART 3: 1 GPU: trainer compat alone (where NVML cannot see the server's processes it falls back to the card's used
+#         memory, right only on a card of its own; the TP tests skip). 2 GPUs: the TP tests on both cards, trainer
+#         compat on GPU 1 beside them.
 # PART breaks: benchmarks/gpu_host/breaks.py run on every GPU (each break in its own copy of the tree;
 #         BREAK_GPUS=1 picks the GPUs, BREAKS_ONLY="name ..." the breaks).
 # PART serving | service | kernels | dense_layers | exact_acceptance | deterministic | grouped | sub_rows | tp: that module
@@ -23,7 +23,7 @@
 # $OUT/gpu-suite-<PART>.tar.xz (pytest logs, server logs, the tests' JSON results).
 # The cross-engine test needs SPARROW_GPU_MODEL_DIR (the converted SmolLM2, benchmarks/gpu_host/README.md).
 set -uo pipefail
-PART="${1:?part: all, 1, 2, breaks or digest}"
+PART="${1:?part: all, 1, 2, 3, breaks or digest}"
 R="${R:-$PWD}"; OUT="${OUT:-/tmp/gpu-suite-out}"; SITE="${SITE:-/tmp/site}"; SP="${SP:-/tmp/sp}"
 W="/tmp/gpu-suite-$PART${BREAK_GPUS:+-gpu${BREAK_GPUS//,/}}"
 mkdir -p "$OUT" "$W"
@@ -81,7 +81,7 @@ KERNEL_REST_EXPR="not ($KERNEL_LONG_ROWS_EXPR or $KERNEL_AT_40K_EXPR)"
 G=${SUITE_GPU:-0}  # the card of a single-module part
 case "$PART" in
   all)
-    [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1 and 2"; exit 2; }
+    [ "$NGPU" -ge 2 ] || { log "part all needs 2 GPUs; on one GPU run parts 1, 2 and 3"; exit 2; }
     MODULE_TIMEOUT_S=${MODULE_TIMEOUT_S:-480}  # the whole command stays inside one device call (< 9 min)
     # the kernel module in three shards, two on GPU 1 and one on GPU 0: beside the seven GPU-0 modules it ran past
     # 540 s in call 26, whole beside the other GPU-1 modules in call 27, and its larger half took 506 s in call 32
@@ -91,11 +91,15 @@ case "$PART" in
     module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 1 sglang_trainer_compat &
     module 1 grouped_query_heads & module 1 sub_rows & module 0,1 sglang_tp & wait ;;
   1)
-    module 0 sglang_serving & module 0 sglang_service & module 0 sparse_kernels & module 0 cross_engine &
-    module 0 dense_layers & module 0 exact_acceptance & module 0 deterministic & module 0 grouped_query_heads &
-    module 0 sub_rows & [ "$NGPU" -ge 2 ] && module 1 sglang_trainer_compat & wait ;;
+    module "$G" sparse_kernels long_rows "$KERNEL_LONG_ROWS_EXPR" &
+    module "$G" sparse_kernels at_40k "$KERNEL_AT_40K_EXPR" & module "$G" sparse_kernels rest "$KERNEL_REST_EXPR" &
+    module "$G" grouped_query_heads & module "$G" sub_rows & wait ;;
   2)
-    if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp; else module 0 sglang_trainer_compat; fi ;;
+    module "$G" sglang_serving & module "$G" sglang_service & module "$G" cross_engine &
+    module "$G" dense_layers & module "$G" exact_acceptance & module "$G" deterministic & wait ;;
+  3)
+    if [ "$NGPU" -ge 2 ]; then module 0,1 sglang_tp & module 1 sglang_trainer_compat & wait
+    else module 0 sglang_trainer_compat; fi ;;
   serving) module "$G" sglang_serving ;;
   kernels) module "$G" sparse_kernels ;;
   dense_layers) module "$G" dense_layers ;;

@@ -3,6 +3,7 @@ names GPU tests that exist, leaves the broken file compilable, and the suite run
 from __future__ import annotations
 
 import ast
+import re
 import importlib.util
 import shutil
 import subprocess
@@ -183,3 +184,26 @@ def test_the_suite_s_kernel_shards_are_the_whole_module_each_test_once():
     shards = [_collected("-k", expr) for expr in (exprs["KERNEL_LONG_ROWS_EXPR"], exprs["KERNEL_AT_40K_EXPR"], rest)]
     assert all(shards) and sum(len(shard) for shard in shards) == len(whole)
     assert set().union(*shards) == whole and len(whole) > 60
+
+
+def _modules_of_part(script: str, part: str) -> list[str]:
+    """The `module GPUS NAME [SHARD]` runs of `run_gpu_suite.sh PART` (its case branch), as NAME or NAME-SHARD;
+    on one GPU part 3's else branch."""
+    branch = script[script.index(f"\n  {part})\n"):]
+    branch = branch[:branch.index(";;")]
+    if "else" in branch:
+        branch = branch[branch.index("else"):]
+    runs = re.findall(r'module ("\$G"|[0-9,]+) (\w+)(?: (\w+) ")?', branch)
+    return [name + (f"-{shard}" if shard else "") for _, name, shard in runs]
+
+
+def test_the_suite_s_parts_run_every_gpu_module_once():
+    """`all` on two GPUs and parts 1, 2 and 3 on one run every tests/gpu module, the kernel module in its three shards,
+    each once (none forgotten when a module is added)."""
+    script = (ROOT / "benchmarks/gpu_host/run_gpu_suite.sh").read_text()
+    shards = {"sparse_kernels-long_rows", "sparse_kernels-at_40k", "sparse_kernels-rest"}
+    expected = {p.stem.removeprefix("test_") for p in (ROOT / "tests/gpu").glob("test_*.py")}
+    expected = expected - {"sparse_kernels"} | shards
+    one_gpu = [run for part in "123" for run in _modules_of_part(script, part)]
+    for runs in (_modules_of_part(script, "all"), one_gpu + ["sglang_tp"]):  # on one GPU the TP tests skip
+        assert sorted(runs) == sorted(expected), runs
