@@ -3,8 +3,8 @@ names GPU tests that exist, leaves the broken file compilable, and the suite run
 from __future__ import annotations
 
 import ast
-import re
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys

@@ -3,7 +3,10 @@ starts (its /health would answer for this one: call 25's two profiles on one por
 server), and a stopped server's port, its connections in TIME_WAIT, is free again."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -46,10 +49,6 @@ def test_sigterm_stops_the_server_before_the_benchmark_exits(tmp_path):
     """``timeout``'s SIGTERM to a benchmark stops the server it started (its own session: without the handler it
     outlives the benchmark and keeps its port). The stand-in server records its pid and sleeps; no /health answers,
     so the benchmark is still waiting in ``start`` when the signal comes."""
-    import os
-    import signal
-    import subprocess
-
     pid_file = tmp_path / "server.pid"
     server = tmp_path / "server.py"
     server.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
