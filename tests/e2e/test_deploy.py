@@ -444,6 +444,30 @@ def test_dockerfile_entrypoint_user_healthcheck():
     assert "HF_HUB_OFFLINE=1" in text and "python3.12" in text
 
 
+def _dockerfile_env() -> dict[str, str]:
+    """The image's ENV settings (``ENV A=1 \\`` continued lines), the last of each name."""
+    env: dict[str, str] = {}
+    for block in re.findall(r"^ENV ((?:.*\\\n)*.*)$", _dockerfile(), re.M):
+        env.update(re.findall(r"([A-Z_][A-Z0-9_]*)=(\S+)", block))
+    return env
+
+
+def test_kernel_caches_live_on_the_servers_cache_volume():
+    """Triton's cache (the selection kernels a first graph capture compiles, about a minute) lies under the
+    directory every compose server and the k8s pod mount as their cache, beside FlashInfer's (~/.cache)."""
+    env = _dockerfile_env()
+    home = "/home/sparrow"
+    cache = f"{home}/.cache"
+    assert env["TRITON_CACHE_DIR"].startswith(cache + "/") and env["HF_HOME"].startswith(cache + "/")
+    compose = _compose()
+    for name in _compose_server_names():
+        targets = {v.split(":")[1]: v.split(":")[0] for v in compose["services"][name]["volumes"]}
+        assert targets.get(cache) == f"{name}-cache" and f"{name}-cache" in compose["volumes"], name
+    server = _by_kind(_k8s_docs(), "Deployment")["sparrow-server"]
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]}["cache"] == cache
+
+
 def test_dockerfile_pins_agree_with_constraints_and_sglang():
     text = _dockerfile()
     constraints = dict(line.split("==") for line in (DEPLOY_DIR / "docker" / "constraints.txt").read_text().splitlines()
