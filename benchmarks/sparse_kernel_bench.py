@@ -122,17 +122,18 @@ def picks_adjacency(layer) -> float:
     return round(beside / max(total, 1), 3)
 
 
-def build_pool(b: int, ctx: int, group: int, placement: str = "random", runs_amplitude: float = 0.0):
-    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks (shorter contexts use a prefix
-    of each request's pages: one pool for every case, built once; ``placement``: ``make_case``'s; a
-    ``runs_amplitude``: keys and queries ``shape_for_runs``, else random)."""
+def build_pool(b: int, ctx: int, group: int, placement: str = "random", runs_amplitude: float = 0.0,
+               landmark_dtype: str = "bfloat16"):
+    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks, stored in ``landmark_dtype`` (shorter
+    contexts use a prefix of each request's pages: one pool for every case, built once; ``placement``:
+    ``make_case``'s; a ``runs_amplitude``: keys and queries ``shape_for_runs``, else random)."""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0, placement=placement)
     if runs_amplitude:
         shape_for_runs(case, runs_amplitude)
-    lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=torch.bfloat16, device="cuda")
+    lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=getattr(torch, landmark_dtype), device="cuda")
     K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
     return case, lm
 
@@ -248,7 +249,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     scale = 1 / math.sqrt(D)
     loc = case.req_to_token[1:, ctx - 1].long()  # a slot that completes a page: the landmark update runs
     tbps = lambda nbytes, us: round(nbytes / us / 1e6, 3)
-    lm_bytes = b * (ctx // PS) * H * D * 2
+    lm_bytes = b * (ctx // PS) * H * D * pool[1].element_size()
     landmark_read_us = lm_bytes / (copy_tbps * 1e6)
     out = {"batch": b, "context": ctx, "server_context_length": max_context, "pcap": layer.scores.shape[1],
            "budget_pages": int(plan.count[0]), "candidates": int(plan.cand_hi[0] - plan.cand_lo[0]),
@@ -322,6 +323,7 @@ def summary(cases: list, target: float) -> str:
 
 def main() -> int:
     from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.sglang_plugin.config import DEFAULT_LANDMARK_DTYPE
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import PLACEMENTS
 
     ap = argparse.ArgumentParser()
@@ -346,6 +348,9 @@ def main() -> int:
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
+    ap.add_argument("--landmark-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default=DEFAULT_LANDMARK_DTYPE,
+                    help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE; float8_e4m3fn: the kernels "
+                         "take it, the server does not offer it)")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
     variants = a.variants.split(",")
@@ -364,11 +369,11 @@ def main() -> int:
     ws = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     copy_tbps = copy_bandwidth_tbps()
     result = {"gpu": torch.cuda.get_device_name(), "copy_TBps": copy_tbps, "num_kv_heads": H, "group": a.group,
-              "head_dim": D, "landmark_dtype": "bfloat16", "schedule": schedule.name,
+              "head_dim": D, "landmark_dtype": a.landmark_dtype, "schedule": schedule.name,
               "default_variant": K.DEFAULT_SELECT_VARIANT, "attention_plan": a.plan,
               "page_placement": a.placement, "runs_amplitude": a.runs_amplitude, "cases": []}
     contexts = [int(c) for c in a.contexts.split(",")]
-    pool = build_pool(a.batch, max(contexts), a.group, a.placement, a.runs_amplitude)
+    pool = build_pool(a.batch, max(contexts), a.group, a.placement, a.runs_amplitude, a.landmark_dtype)
     for ctx in contexts:
         for max_ctx in (int(c) for c in a.server_contexts.split(",")):
             if max_ctx < ctx:

@@ -34,6 +34,7 @@ class _SparseContext:
     budgets: Tensor  # [T] budget pages of the step that processes each position
     # sees (layer, q [T, Hq, D], k [T, Hkv, D]) of every sparse layer when set
     observe: Callable[[int, Tensor, Tensor], None] | None = None
+    landmark_dtype: torch.dtype = torch.float32  # the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE)
 
 
 _CONTEXT: contextvars.ContextVar[_SparseContext | None] = contextvars.ContextVar("sparrow_tf", default=None)
@@ -52,7 +53,8 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     if ctx.observe is not None and not dense:
         ctx.observe(module.layer_idx, q, k)
     out = sparse_causal_attention(
-        q, k, v, ctx.budgets.to(q.device), sparse_from, s.page_size, s.sink_pages, s.recent_pages, scale
+        q, k, v, ctx.budgets.to(q.device), sparse_from, s.page_size, s.sink_pages, s.recent_pages, scale,
+        landmark_dtype=ctx.landmark_dtype,
     )
     return out[None], None
 
@@ -77,15 +79,18 @@ def attention_implementation(model, name: str):
 
 
 def teacher_forced_logits(model, input_ids: Tensor, prompt_len: int, schedule: Schedule,
-                          observe: Callable[[int, Tensor, Tensor], None] | None = None) -> Tensor:
+                          observe: Callable[[int, Tensor, Tensor], None] | None = None,
+                          landmark_dtype: torch.dtype = torch.float32) -> Tensor:
     """Logits of the sparse actor at every position of one sequence.
 
     input_ids: [T] or [1, T], on any device (moved to the model's); prompt_len: tokens prefilled densely. Returns [T, V] float32
     (row t predicts token t + 1). Gradients flow if enabled by the caller. ``observe(layer, q, k)``,
     if given, sees each sparse layer's post-RoPE queries and keys (e.g. to recompute its selections).
+    ``landmark_dtype``: the landmarks' storage dtype, as a server's ``SPARROW_LANDMARK_DTYPE``.
     """
     ids = _on_model_device(model, input_ids)
-    ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len), observe)
+    ctx = _SparseContext(schedule, prompt_len, position_budgets(schedule, ids.shape[1], prompt_len), observe,
+                         landmark_dtype)
     token = _CONTEXT.set(ctx)
     try:
         with attention_implementation(model, ATTN_NAME):

@@ -37,6 +37,10 @@ DEFAULT_SCHEDULE = "dense"
 # there is no cap beyond the context length.
 DEFAULT_TOPK_CAP_TOKENS = 1 << 20
 DEFAULT_LANDMARK_DTYPE = "bfloat16"
+# float32: the oracle's landmarks, for tests. Not float8_e4m3fn, though the kernels take it (the bench's
+# --landmark-dtype): unscaled it rounds values under 2^-10 to zero, where a dummy-weight server's keys lie (its weights,
+# the key norm's too, drawn from +-1e-3), so their pages score alike; served so it decoded 3.6-5.7% slower
+# (benchmarks/results/speed/call42/README.md).
 LANDMARK_DTYPES = ("bfloat16", "float32")
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096

@@ -34,18 +34,21 @@ def causal_page_selection(
     sink_pages: int,
     recent_pages: int,
     query_offset: int = 0,
+    landmark_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Page selection of each query position as a decode query.
 
     q: [C, Hq, D] queries of positions ``query_offset .. query_offset + C - 1``; k: [T, Hkv, D]
     post-RoPE keys of the whole sequence (only the first ``position + 1`` matter per query);
     budget_pages: [C], the budget of the step that processes each position (at length
-    ``position + 1``). Returns page ids [C, Hkv, K] (-1 padded).
+    ``position + 1``); ``landmark_dtype``: the dtype the landmarks are stored in before scoring, as a
+    server's ``SPARROW_LANDMARK_DTYPE`` (float32: the fp32 means themselves). Returns page ids [C, Hkv, K]
+    (-1 padded).
     """
     c_len, (t_len, hkv) = q.shape[0], k.shape[:2]
     pad = (-t_len) % page_size
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)) if pad else k
-    landmarks = batched_page_landmarks(kp[None], page_size)  # [1, P, Hkv, D]
+    landmarks = batched_page_landmarks(kp[None], page_size).to(landmark_dtype)  # [1, P, Hkv, D]
     scores = page_scores(query_summary(q, hkv), landmarks.expand(c_len, -1, -1, -1))
     lengths = torch.arange(query_offset + 1, query_offset + c_len + 1, device=k.device)
     page_ids, _ = select_pages(scores, num_pages(lengths, page_size), budget_pages, sink_pages, recent_pages)
@@ -63,6 +66,7 @@ def sparse_causal_attention(
     recent_pages: int,
     scale: float,
     chunk: int = 512,
+    landmark_dtype: torch.dtype = torch.float32,
 ) -> Tensor:
     """Causal attention where positions ``>= sparse_from`` attend only their selected pages.
 
@@ -70,19 +74,22 @@ def sparse_causal_attention(
     prompt, prefilled densely) attend causally and densely. Returns [T, Hq, D] in q's dtype.
     Queries are processed ``chunk`` at a time, so memory is O(chunk * T * Hq).
     Differentiable in q, k, v (the selection itself is discrete and carries no gradient).
+    ``landmark_dtype``: as ``causal_page_selection``'s.
     """
     return torch.cat([
         _attend_chunk(q[s : s + chunk], k, v, budget_pages[s : s + chunk], s, sparse_from,
-                      page_size, sink_pages, recent_pages, scale)
+                      page_size, sink_pages, recent_pages, scale, landmark_dtype)
         for s in range(0, q.shape[0], chunk)
     ])
 
 
-def _attend_chunk(q, k, v, budget_pages, offset, sparse_from, page_size, sink_pages, recent_pages, scale):
+def _attend_chunk(q, k, v, budget_pages, offset, sparse_from, page_size, sink_pages, recent_pages, scale,
+                  landmark_dtype):
     c_len, t_len, hkv = q.shape[0], k.shape[0], k.shape[1]
     positions = torch.arange(offset, offset + c_len, device=k.device)
     with torch.no_grad():
-        page_ids = causal_page_selection(q, k, budget_pages, page_size, sink_pages, recent_pages, offset)
+        page_ids = causal_page_selection(q, k, budget_pages, page_size, sink_pages, recent_pages, offset,
+                                         landmark_dtype)
     mask = token_mask(page_ids, positions + 1, page_size, t_len)  # [C, Hkv, T], causal by construction
     causal = torch.arange(t_len, device=k.device)[None, :] <= positions[:, None]
     dense_rows = (positions < sparse_from)[:, None, None]

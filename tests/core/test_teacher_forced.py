@@ -42,3 +42,19 @@ def test_sparsity_changes_the_output_when_budget_is_tight():
         for t in range(q.shape[0])
     ])
     torch.testing.assert_close(full, dense, rtol=0, atol=1e-12)
+
+
+def test_landmark_dtype_rounds_the_landmarks_before_scoring():
+    """Stored in bfloat16 (a server's default SPARROW_LANDMARK_DTYPE), two pages whose float32 landmarks differ by
+    less than bfloat16's step score alike, and the tie goes to the earlier page; float32 picks the larger one."""
+    from sparrow_server.sparsity.teacher_forced import causal_page_selection
+
+    # 6 pages of 4 tokens: sink page 0, candidates 1-3, recent pages 4-5; a budget of 4 keeps one candidate.
+    k = torch.zeros(24, 1, 2, dtype=torch.float64)
+    k[4:8, 0, 0] = 1.0            # page 1
+    k[8:12, 0, 0] = 1.0 + 2**-12  # page 2: above page 1 in float32, equal in bfloat16 (step 2^-7 at 1)
+    q = torch.tensor([[[1.0, 0.0]]], dtype=torch.float64)  # the query of position 23
+    budget = torch.tensor([4])
+    chosen = {dtype: causal_page_selection(q, k, budget, PS, SINK, RECENT, 23, dtype)[0, 0].tolist()
+              for dtype in (torch.float32, torch.bfloat16)}
+    assert chosen == {torch.float32: [0, 2, 4, 5], torch.bfloat16: [0, 1, 4, 5]}
