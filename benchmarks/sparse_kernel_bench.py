@@ -322,6 +322,7 @@ def summary(cases: list, target: float) -> str:
 
 
 def main() -> int:
+    from sparrow_server.kernels import LANDMARK_STORAGE_DTYPES
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.config import DEFAULT_LANDMARK_DTYPE
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import PLACEMENTS
@@ -348,7 +349,7 @@ def main() -> int:
     ap.add_argument("--plan", choices=("graph", "eager"), default="graph",
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
-    ap.add_argument("--landmark-dtype", choices=("bfloat16", "float32", "float8_e4m3fn"), default=DEFAULT_LANDMARK_DTYPE,
+    ap.add_argument("--landmark-dtype", choices=LANDMARK_STORAGE_DTYPES, default=DEFAULT_LANDMARK_DTYPE,
                     help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE; float8_e4m3fn: the kernels "
                          "take it, the server does not offer it)")
     ap.add_argument("--out", default="sparse_kernel_bench.json")

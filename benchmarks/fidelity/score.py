@@ -20,12 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sparrow_server.kernels import LANDMARK_STORAGE_DTYPES
 from sparrow_server.sparsity.schedule import Schedule, load_schedule
 
 PAGE_SIZE = 16
-# the server's landmark dtypes (sglang_plugin.config.LANDMARK_DTYPES) and float8, which its kernels take but it does
-# not offer: what each would cost in acceptance
-LANDMARK_DTYPES = ("float32", "bfloat16", "float8_e4m3fn")
 
 
 def load_rollouts(folder: Path) -> list[dict]:
@@ -45,19 +43,6 @@ def config_name(schedule: Schedule, landmark_dtype: str) -> str:
     return schedule.name if landmark_dtype == "float32" else f"{schedule.name}-lm-{landmark_dtype}"
 
 
-def sparse_logits(scorer, r: dict, schedule: Schedule, landmark_dtype: str) -> torch.Tensor:
-    """The sparse actor's logits predicting each completion token, landmarks stored in ``landmark_dtype``."""
-    if landmark_dtype == "float32":
-        return scorer.sparse_logits(r["prompt_ids"], r["completion_ids"], schedule)
-    from sparrow_server.modeling.sparse_forward import teacher_forced_logits
-
-    ids = torch.tensor([*r["prompt_ids"], *r["completion_ids"]][:-1])  # no row predicts past the completion
-    p = len(r["prompt_ids"])
-    with torch.inference_mode():
-        logits = teacher_forced_logits(scorer.model, ids, p, schedule, landmark_dtype=getattr(torch, landmark_dtype))
-    return logits[p - 1:]
-
-
 def score_configs(scorer, rollouts: list[dict], configs: list[Schedule], work: Path, log,
                   landmark_dtype: str = "float32") -> None:
     """Acceptance of each rollout under each configuration (one dense forward per rollout)."""
@@ -73,7 +58,8 @@ def score_configs(scorer, rollouts: list[dict], configs: list[Schedule], work: P
         t_dense = time.time() - start
         for c in todo:
             t0 = time.time()
-            sparse = sparse_logits(scorer, r, c, landmark_dtype)
+            sparse = scorer.sparse_logits(r["prompt_ids"], r["completion_ids"], c,
+                                          landmark_dtype=getattr(torch, landmark_dtype))
             acc = chunked_exact_acceptance(sparse, dense, 1.0)
             name = config_name(c, landmark_dtype)
             np.save(acc_path(work, r["id"], name), acc.astype(np.float32))
@@ -94,8 +80,9 @@ def main() -> None:
     parser.add_argument("--split", default=None, help="only rollouts of this split")
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th rollout from the i-th")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--landmark-dtype", choices=LANDMARK_DTYPES, default="float32",
-                        help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE); float32: the oracle's")
+    parser.add_argument("--landmark-dtype", choices=LANDMARK_STORAGE_DTYPES, default="float32",
+                        help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE, or float8_e4m3fn, which "
+                             "the kernels take but the server does not offer); float32: the oracle's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from sparrow_server.models import load_model

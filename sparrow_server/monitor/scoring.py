@@ -177,13 +177,14 @@ class HFScorer:
 
     @torch.inference_mode()
     def sparse_logits(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,
-                      adapter: str | None = None) -> Tensor:
-        """The rollout policy's logits (schedule + adapter) predicting each completion token: [N, V]."""
+                      adapter: str | None = None, landmark_dtype: torch.dtype = torch.float32) -> Tensor:
+        """The rollout policy's logits (schedule + adapter) predicting each completion token: [N, V];
+        ``landmark_dtype``: ``teacher_forced_logits``'s."""
         ids, p = self._ids(prompt_ids, completion_ids), len(prompt_ids)
         with self._lock:
             model = self.model
             with adapter_scope(model, adapter):
-                logits = teacher_forced_logits(model, ids, p, schedule)
+                logits = teacher_forced_logits(model, ids, p, schedule, landmark_dtype=landmark_dtype)
         return logits[p - 1:]
 
     def exact(self, prompt_ids: Sequence[int], completion_ids: Sequence[int], schedule: Schedule,

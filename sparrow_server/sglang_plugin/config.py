@@ -41,7 +41,7 @@ DEFAULT_LANDMARK_DTYPE = "bfloat16"
 # --landmark-dtype): unscaled it rounds values under 2^-10 to zero, where a dummy-weight server's keys lie (its weights,
 # the key norm's too, drawn from +-1e-3), so their pages score alike; served so it decoded 3.6-5.7% slower
 # (benchmarks/results/speed/call42/README.md).
-LANDMARK_DTYPES = ("bfloat16", "float32")
+LANDMARK_DTYPES = ("bfloat16", "float32")  # of kernels.LANDMARK_STORAGE_DTYPES
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
 # Off: served, 2 sub-rows moved decode by -4.8% to +4.8% over six workloads (benchmarks/results/speed/call38/). The
