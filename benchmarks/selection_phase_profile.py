@@ -67,18 +67,18 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
         cnt = tl.load(cnt_ptr + b)
         s = tl.load(sink_ptr + b)
         reserved_out = out_ptr + tl.load(indptr_ptr + r)
-        K.row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        K.row_update(kbuf_ptr, lm_ptr, lm_ptr, loc_ptr, b, h, H, D, PS, False)
         t, slot, m = topk.reserved_ids(row, n, cnt, s, k, 0, PS, SMALL)
     else:
-        K.row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+        K.row_update(kbuf_ptr, lm_ptr, lm_ptr, loc_ptr, b, h, H, D, PS, False)
         k = tl.load(k_ptr + b)
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     scores = scores_ptr + r.to(tl.int64) * pcap
     _stamp(stamps, 1, r, STAMP)
-    K._score_row(K._group_query_sum(q_ptr, b, h, H, G, D), lm_ptr, row, scores, h, lo, hi, H, G, D, PS, BLOCK_P,
-                 STAGES)
+    K._score_row(K._group_query_sum(q_ptr, b, h, H, G, D), lm_ptr, lm_ptr, row, scores, h, lo, hi, H, G, D, PS,
+                 BLOCK_P, STAGES, False)
     if HOIST:
         tl.store(reserved_out + t, slot * H + h, mask=m)
         topk.write_reserved_from(row, reserved_out, n, cnt, s, k, h, SMALL, H, PS, SMALL)

@@ -124,18 +124,24 @@ def picks_adjacency(layer) -> float:
 
 def build_pool(b: int, ctx: int, group: int, placement: str = "random", runs_amplitude: float = 0.0,
                landmark_dtype: str = "bfloat16"):
-    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks, stored in ``landmark_dtype`` (shorter
+    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks, stored in ``landmark_dtype`` (with their scales
+    where float8: (case, landmarks, scales or None); shorter
     contexts use a prefix of each request's pages: one pool for every case, built once; ``placement``:
     ``make_case``'s; a ``runs_amplitude``: keys and queries ``shape_for_runs``, else random)."""
     from sparrow_server.kernels import sparse_decode as K
+    from sparrow_server.kernels.reference import SCALED_LANDMARK_DTYPES
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0, placement=placement)
     if runs_amplitude:
         shape_for_runs(case, runs_amplitude)
     lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=getattr(torch, landmark_dtype), device="cuda")
-    K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True)
-    return case, lm
+    scales = None
+    if lm.dtype in SCALED_LANDMARK_DTYPES:
+        scales = torch.zeros(lm.shape[:2], dtype=torch.float32, device="cuda")
+    K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True,
+                       landmark_scales=scales)
+    return case, lm, scales
 
 
 def kernel_split(name: str):
@@ -176,12 +182,12 @@ def _build_layer(pool, ctx: int, schedule, max_context: int, ws, split=None, par
     ``parts``: a ``kernel_parts``; ``graph``: FlashInfer's plan as under a CUDA graph, ``SparseLayer``'s)."""
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer, plan_for
 
-    full, lm = pool
+    full, lm, scales = pool
     case = dataclasses.replace(full, lengths=torch.full_like(full.lengths, ctx))
     plan = plan_for(case, [schedule] * len(case.lengths), topk_cap_pages=max(schedule.budgets_tokens) // PS)
     split = kernel_split("cuda-cores") if split is None else split
     return case, plan, SparseLayer(case, plan, lm, math.ceil(max_context / PS), ws, split=split, parts=parts,
-                                   graph=graph)
+                                   graph=graph, landmark_scales=scales)
 
 
 def time_variant(layer, variant: str, scale: float, loc) -> tuple[dict, torch.Tensor]:
@@ -249,7 +255,7 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
     scale = 1 / math.sqrt(D)
     loc = case.req_to_token[1:, ctx - 1].long()  # a slot that completes a page: the landmark update runs
     tbps = lambda nbytes, us: round(nbytes / us / 1e6, 3)
-    lm_bytes = b * (ctx // PS) * H * D * pool[1].element_size()
+    lm_bytes = b * (ctx // PS) * H * (D * pool[1].element_size() + (0 if pool[2] is None else 4))  # scales too
     landmark_read_us = lm_bytes / (copy_tbps * 1e6)
     out = {"batch": b, "context": ctx, "server_context_length": max_context, "pcap": layer.scores.shape[1],
            "budget_pages": int(plan.count[0]), "candidates": int(plan.cand_hi[0] - plan.cand_lo[0]),

@@ -33,7 +33,7 @@ KERNELS = "sparrow_server/kernels/sparse_decode.py"
 _STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
           "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")
 # the fused row's store, then its landmark update (kv_store_after_landmark swaps them)
-_UPDATE = "        if UPDATE:\n            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)\n"
+_UPDATE = "        if UPDATE:\n            row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)\n"
 RADIX = "sparrow_server/kernels/radix.py"
 TOPK = "sparrow_server/kernels/topk.py"
 LAYER_GROUPS = "sparrow_server/sglang_plugin/scheduler/layer_groups.py"
@@ -163,6 +163,12 @@ BREAKS = (
           LANDMARKS, "tl.store(lm_ptr + page * HD + offs, (acc / PS)",
           "tl.store(lm_ptr + page * HD + offs, (acc / (PS - 1))",
           (f"{KERNEL_TESTS}::test_landmark_kernel_matches_reference",)),
+    Break("float8_landmark_scale_dropped", "float8 landmarks scored without their pages' scales",
+          KERNELS, "        sc = sc * scale  # a power", "        sc = sc  # a power",
+          (f"{KERNEL_TESTS}::test_scores_and_indices_match_reference",)),
+    Break("float8_landmark_stored_twice_its_scale", "a float8 landmark stored at twice the value its scale says",
+          LANDMARKS, "_INV_EXP = tl.constexpr(261)", "_INV_EXP = tl.constexpr(262)",
+          (f"{KERNEL_TESTS}::test_landmark_kernel_matches_reference",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
           KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",
@@ -190,13 +196,13 @@ BREAKS = (
     # lacked landmarks too, the second because the flush zeroes landmarks, so prefill recomputed them.)
     Break("landmarks_stale_after_update", "prefill skips page slots it computed landmarks for before, by a "
           "mask the weight update's flush does not reset: reused slots keep no landmarks of the new keys",
-          BACKEND, "K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True)",
+          BACKEND, "K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True,",
           "loc = forward_batch.out_cache_loc\n"
           "            seen = self.__dict__.setdefault('_seen', {}).setdefault(layer.layer_id, torch.zeros(\n"
           "                lm.shape[0], dtype=torch.bool, device=lm.device))\n"
           "            loc = loc[~seen[loc // self.page_size]]\n"
           "            seen[loc // self.page_size] = True\n"
-          "            K.update_landmarks(k_buf, loc, lm, self.page_size, only_full=True)",
+          "            K.update_landmarks(k_buf, loc, lm, self.page_size, only_full=True,",
           (f"{SERVICE}::test_weight_update_while_streaming",)),
     Break("landmarks_outside_kv_region", "the landmarks allocated outside the memory saver's kv_cache region: "
           "a release frees the KV pool but not them",

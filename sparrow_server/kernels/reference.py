@@ -12,28 +12,62 @@ import torch
 from torch import Tensor
 
 
-def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool) -> None:
+SCALED_LANDMARK_DTYPES = (torch.float8_e4m3fn,)  # stored with a power-of-two scale per (page, KV head)
+
+
+def _biased_exponents(x: Tensor) -> Tensor:
+    return (x.contiguous().view(torch.int32) >> 23) & 0xFF
+
+
+def _pow2(biased: Tensor) -> Tensor:
+    """2^(biased - 127) as float32, the exponent clamped to the normal range."""
+    return (biased.clamp(1, 254) << 23).to(torch.int32).view(torch.float32)
+
+
+def store_landmarks(means: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """fp32 landmarks [..., D] as the kernels store them in ``dtype``: cast; a float8 one first times the power of
+    two that puts its largest element in [2^7, 2^8) (under e4m3's 448: three mantissa bits kept for keys of any
+    magnitude), its inverse, the scale ([...] float32), beside it. Returns (stored, scales or None)."""
+    if dtype not in SCALED_LANDMARK_DTYPES:
+        return means.to(dtype), None
+    e = _biased_exponents(means.abs().amax(dim=-1))  # the largest element's: in [2^(e-127), 2^(e-126))
+    return (means * _pow2(261 - e)[..., None]).to(dtype), _pow2(e - 7)
+
+
+def landmark_values(stored: Tensor, scales: Tensor | None) -> Tensor:
+    """The fp32 landmarks the scoring sees: the stored ones, times their scales where scaled."""
+    values = stored.to(torch.float32)
+    return values if scales is None else values * scales[..., None]
+
+
+def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: int, only_full: bool,
+                     landmark_scales: Tensor | None = None) -> None:
     """Recompute the landmark (mean key, fp32 accumulation) of the page holding each slot in ``locs``.
 
-    k_buf: [N, H, D]; locs: [T] int slots; landmarks: [N // ps, H, D] (written in place).
+    k_buf: [N, H, D]; locs: [T] int slots; landmarks: [N // ps, H, D] (written in place), stored as
+    ``store_landmarks``: float8 ones with their scales in ``landmark_scales`` ([N // ps, H] float32).
     ``only_full``: only pages whose last slot is in ``locs`` (prefill); otherwise every touched page.
     """
+    assert (landmarks.dtype in SCALED_LANDMARK_DTYPES) == (landmark_scales is not None)
     locs = locs.to(torch.int64)
     if only_full:
         locs = locs[locs % page_size == page_size - 1]
     pages = torch.unique(locs // page_size)
     h, d = k_buf.shape[1:]
     means = k_buf.view(-1, page_size, h, d)[pages].to(torch.float32).mean(dim=1)
-    landmarks[pages] = means.to(landmarks.dtype)
+    landmarks[pages], scales = store_landmarks(means, landmarks.dtype)
+    if scales is not None:
+        landmark_scales[pages] = scales
 
 
 def page_scores(
     q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
-    cand_lo: Tensor, cand_hi: Tensor, page_size: int, pcap: int,
+    cand_lo: Tensor, cand_hi: Tensor, page_size: int, pcap: int, landmark_scales: Tensor | None = None,
 ) -> Tensor:
     """Scores of candidate pages against the mean query of each KV-head group.
 
-    q: [B, H * G, D]; landmarks: [N // ps, H, D]; req_to_token: [R, max_ctx] int slots.
+    q: [B, H * G, D]; landmarks: [N // ps, H, D] (with their ``landmark_scales`` where float8);
+    req_to_token: [R, max_ctx] int slots.
     Returns [B * H, Pcap] float32, ``-inf`` outside each request's ``[cand_lo, cand_hi)``.
     """
     b, hq, d = q.shape
@@ -46,7 +80,7 @@ def page_scores(
             continue
         j = torch.arange(lo, hi)
         phys = req_to_token[int(req_pool_indices[i]), j * page_size].to(torch.int64) // page_size
-        lm = landmarks[phys].to(torch.float32)                       # [P, H, D]
+        lm = landmark_values(landmarks[phys], None if landmark_scales is None else landmark_scales[phys])  # [P, H, D]
         out[i * h:(i + 1) * h, lo:hi] = torch.einsum("hd,phd->hp", qs[i], lm)
     return out
 

@@ -28,7 +28,9 @@ import triton.language as tl
 from torch import Tensor
 
 from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS  # noqa: F401  (re-export)
-from sparrow_server.kernels.landmarks import page_mean, row_update, update_landmarks  # noqa: F401  (re-export)
+from sparrow_server.kernels.landmarks import (  # noqa: F401  (re-export)
+    check_landmark_scales, page_mean, page_scales, row_update, update_landmarks,
+)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
     SELECT_ROWS, TOPK_VARIANTS, radix_bins, reserved_ids, resolve_variant, select_and_write, select_launches,
@@ -57,8 +59,8 @@ FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamp
 
 
 @triton.jit
-def _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, end, H: tl.constexpr,
-                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr):
+def _score_tile(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, end, H: tl.constexpr,
+                G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, SCALED: tl.constexpr):
     """Scores of candidate pages ``[start, min(start + BLOCK_P, end))`` of request ``b`` (its query heads at
     ``q_row``), every KV head."""
     d = tl.arange(0, D)
@@ -69,7 +71,8 @@ def _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start
     for h in tl.static_range(H):
         qs = _group_query_sum(q_row, 0, h, H, G, D)
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
-        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, _landmark_scores(lm, qs, G), mask=cand)
+        sc = _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, cand, h, H, SCALED), SCALED)
+        tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
 
 
 @triton.jit
@@ -83,20 +86,22 @@ def _group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.conste
 
 
 @triton.jit
-def _landmark_scores(lm, qs, G: tl.constexpr):
-    """Scores of a [pages, D] landmark tile against the group's mean query, as ``select_pages`` ranks them:
-    NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
+def _landmark_scores(lm, qs, G: tl.constexpr, scale, SCALED: tl.constexpr):
+    """Scores of a [pages, D] landmark tile (SCALED: times its pages' ``scale``) against the group's mean query, as
+    ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
     sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
+    if SCALED:
+        sc = sc * scale  # a power of two: the same score as the scaled landmark's, bit for bit
     sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)
     return tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
 
 
 @triton.jit
-def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
+def _score_kernel(q_ptr, lm_ptr, lms_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_ptr, out_ptr, r2t_stride, pcap,
                   q_stride, qout_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, H: tl.constexpr,
                   G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr, NPROG: tl.constexpr,
                   EVEN: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr,
-                  STORE_KV: tl.constexpr):
+                  STORE_KV: tl.constexpr, SCALED: tl.constexpr):
     """Programs (b, p): request ``b``'s query heads read ``q_stride`` elements a token apart; COPY_Q: program
     (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``).
     STORE_KV (with UPDATE): the landmark's program first stores the step's key and value of every head (as the
@@ -122,22 +127,23 @@ def _score_kernel(q_ptr, lm_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_ptr, hi_pt
                                    D)
                 tl.debug_barrier()
             loc = tl.load(loc_ptr + b).to(tl.int64)
-            page_mean(k_ptr, lm_ptr, loc, (loc % PS) == PS - 1, H * D, PS, LM_BLOCK)
+            page_mean(k_ptr, lm_ptr, lms_ptr, loc, (loc % PS) == PS - 1, H, D, PS, LM_BLOCK, SCALED)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
     if EVEN:
-        _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
-                         H, G, D, PS, BLOCK_P, NPROG)
+        _score_span_even(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
+                         H, G, D, PS, BLOCK_P, NPROG, SCALED)
     else:
         for start in range(lo + p * BLOCK_P, hi, NPROG * BLOCK_P):
-            _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, hi, H, G, D, PS, BLOCK_P)
+            _score_tile(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start, hi, H, G, D, PS,
+                        BLOCK_P, SCALED)
 
 
 @triton.jit
-def _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi, H: tl.constexpr,
-                     G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
-                     NPROG: tl.constexpr):
+def _score_span_even(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pcap, lo, hi,
+                     H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr, BLOCK_P: tl.constexpr,
+                     NPROG: tl.constexpr, SCALED: tl.constexpr):
     """Program ``p``'s share of the row: the row's ``n`` candidates go to ``m = ceil(n / BLOCK_P)``
     programs (at most NPROG) in contiguous spans of ``n // m`` or ``n // m + 1`` pages, so a row just
     past a multiple of BLOCK_P costs one more concurrent program, not a second tile in series.
@@ -151,8 +157,8 @@ def _score_span_even(q_row, lm_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_stride, pca
         size = tl.cdiv(e - a, tiles)
         for t in range(tiles):
             start = a + t * size
-            _score_tile(q_row, lm_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
-                        tl.minimum(start + size, e), H, G, D, PS, BLOCK_P)
+            _score_tile(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pcap, start,
+                        tl.minimum(start + size, e), H, G, D, PS, BLOCK_P, SCALED)
 
 
 @triton.jit
@@ -192,20 +198,22 @@ def _copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _score_row(qs, lm_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr):
+def _score_row(qs, lm_ptr, lms_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+               PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr, SCALED: tl.constexpr):
     """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s, against
     its group's query sum ``qs``. The loop is software-pipelined (STAGES): the page ids and landmarks of the next
     tiles copy asynchronously into shared memory while this tile is reduced."""
     offs = tl.arange(0, BLOCK_P)
     for start in tl.range(lo, hi, BLOCK_P, num_stages=STAGES):
         j = start + offs
-        lm = _landmark_tile(lm_ptr, _tile_pages(row_r2t, j, hi, PS), j, hi, h, H, D)
-        tl.store(out + j, _landmark_scores(lm, qs, G), mask=j < hi)
+        page = _tile_pages(row_r2t, j, hi, PS)
+        lm = _landmark_tile(lm_ptr, page, j, hi, h, H, D)
+        tl.store(out + j, _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, j < hi, h, H, SCALED), SCALED),
+                 mask=j < hi)
 
 
 @triton.jit
-def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
+def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
                 k_stride, v_stride, vbuf_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                 BLOCK_P: tl.constexpr, STAGES: tl.constexpr, UPDATE: tl.constexpr, SELECT: tl.constexpr,
@@ -213,7 +221,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
                 MEDIUM: tl.constexpr, LARGE: tl.constexpr, CHUNK: tl.constexpr, TAIL_A: tl.constexpr,
                 TAIL_B: tl.constexpr, TAIL_C: tl.constexpr, TAILS: tl.constexpr, BITS: tl.constexpr,
                 FINE: tl.constexpr, FINE_ROW: tl.constexpr, FINE_TAIL: tl.constexpr, EXIT: tl.constexpr,
-                PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr):
+                PACKED: tl.constexpr, ROLLED: tl.constexpr, ATOMIC: tl.constexpr, SCALED: tl.constexpr):
     """One program per (request, KV head) row: its head of the landmark this step completes (UPDATE), its
     scores, then (SELECT) its top-k and index write on those scores, after a barrier that makes every
     thread's score stores visible to the block. HOIST (``TopKVariant.hoisted``): every plan load first, the
@@ -238,7 +246,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
-            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+            row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)
         if SELECT:
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
@@ -246,7 +254,7 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
             _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
-            row_update(kbuf_ptr, lm_ptr, loc_ptr, b, h, H, D, PS)
+            row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)
         lo = tl.load(lo_ptr + b)
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
@@ -254,7 +262,8 @@ def _row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi
         qs = _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
     else:
         qs = _group_query_sum(q_ptr, b, h, H, G, D)
-    _score_row(qs, lm_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P, STAGES)
+    _score_row(qs, lm_ptr, lms_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P,
+               STAGES, SCALED)
     if SELECT:
         if HOIST:
             tl.store(out + t, slot * H + h, mask=m)
@@ -279,8 +288,9 @@ def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc
     tl.store(vbuf_ptr + loc * HD + e, tl.load(vin_ptr + b.to(tl.int64) * v_stride + e))
 
 
-def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf, cache_loc, variant,
-                select: tuple | None = None, q_out: Tensor | None = None, store_kv: tuple | None = None) -> None:
+def _row_launch(q, landmarks, landmark_scales, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf,
+                cache_loc, variant, select: tuple | None = None, q_out: Tensor | None = None,
+                store_kv: tuple | None = None) -> None:
     """``_row_kernel`` over every row: scores alone, or with ``select`` (the plan's fields, row_indptr, the index
     buffer) the selection too; with ``q_out``, ``q`` copied into it; with ``store_kv``, the step's K and V stored
     first. Arguments a launch does not read are passed as ``cand_lo`` (a pointer of its own)."""
@@ -292,26 +302,30 @@ def _row_launch(q, landmarks, req_to_token, rpi, cand_lo, cand_hi, page_size, sc
     bins = radix_bins(variant, b * h, out) if select else cand_lo
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _row_kernel[(b * h,)](
-        q, landmarks, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
+        q, landmarks, landmarks if landmark_scales is None else landmark_scales, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
         scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
         cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, kin, vin,
         kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES,
         UPDATE=k_buf is not None, SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted,
-        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, **consts, **options)
+        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, SCALED=landmark_scales is not None, **consts,
+        **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
                      row_indptr: Tensor, page_size: int, scores: Tensor, out: Tensor, k_buf: Tensor | None = None,
                      cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
-                     store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> None:
+                     store_kv: tuple[Tensor, Tensor, Tensor] | None = None,
+                     landmark_scales: Tensor | None = None) -> None:
     """A sparse layer's selection, as the backend runs it: ``page_scores`` then ``select_and_write`` (the plan's
     ``fields``: n_pages, count, sink, k, cand_lo, cand_hi), or for a fused variant at its rows one launch of both.
     Same scores, pages and landmark update either way. ``q_out`` (where ``copies_query``): ``q`` may lie a stride
     apart per token, and the launch also copies it into ``q_out`` (contiguous, for the attention). ``store_kv``
     (where ``stores_kv``; with ``k_buf`` and ``cache_loc``): the step's key and value ([B, H, D], each token's heads
     adjacent, its tokens a stride apart) and the value pool: the launch stores them at ``cache_loc`` first, as
-    SGLang's ``set_kv_buffer`` would (a plain pool of their dtype), so the landmark update sees the step's key."""
+    SGLang's ``set_kv_buffer`` would (a plain pool of their dtype), so the landmark update sees the step's key.
+    ``landmark_scales``: float8 landmarks' scales ([pages, H] float32, ``reference.store_landmarks``)."""
     variant = resolve_variant(variant)
+    check_landmark_scales(landmarks, landmark_scales)
     f = fields
     if q_out is not None:
         assert copies_query(variant), "the query copy is a copying variant's"
@@ -320,11 +334,12 @@ def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_poo
     if TOPK_VARIANTS[variant].fuses(q.shape[0] * landmarks.shape[1]):
         _check_query_copy(q, q_out)
         _check_step_kv(store_kv, k_buf, cache_loc)
-        _row_launch(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                    cache_loc, variant, select=(f, row_indptr, out), q_out=q_out, store_kv=store_kv)
+        _row_launch(q, landmarks, landmark_scales, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"],
+                    page_size, scores, k_buf, cache_loc, variant, select=(f, row_indptr, out), q_out=q_out,
+                    store_kv=store_kv)
         return
     page_scores(q, landmarks, req_to_token, req_pool_indices, f["cand_lo"], f["cand_hi"], page_size, scores, k_buf,
-                cache_loc, variant, q_out=q_out, store_kv=store_kv)
+                cache_loc, variant, q_out=q_out, store_kv=store_kv, landmark_scales=landmark_scales)
     select_and_write(scores, req_to_token, req_pool_indices, f["n_pages"], f["count"], f["sink"], f["k"],
                      f["cand_lo"], f["cand_hi"], row_indptr, landmarks.shape[1], page_size, out, variant)
 
@@ -375,30 +390,32 @@ def score_programs(pcap: int, variant: str | None = None) -> int:
 def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor,
                 cand_lo: Tensor, cand_hi: Tensor, page_size: int, out: Tensor, k_buf: Tensor | None = None,
                 cache_loc: Tensor | None = None, variant: str | None = None, q_out: Tensor | None = None,
-                store_kv: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                store_kv: tuple[Tensor, Tensor, Tensor] | None = None,
+                landmark_scales: Tensor | None = None) -> Tensor:
     """q: [B, H*G, D] contiguous, or with ``q_out`` (its contiguous twin, which the launch fills) strided per
     token; out: [B*H, Pcap] float32, written on ``[cand_lo, cand_hi)`` only. ``store_kv``: as ``score_and_select``.
 
     With ``k_buf`` and ``cache_loc`` ([B] slots written this step), first recompute the landmark of
     each page that slot completes. ``variant``: one of SELECT_VARIANTS (default DEFAULT_SELECT_VARIANT).
-    Returns out."""
+    ``landmark_scales``: as ``score_and_select``'s. Returns out."""
     b, hq, d = q.shape
     h = landmarks.shape[1]
     update = k_buf is not None
     variant = resolve_variant(variant)
     _check_query_copy(q, q_out)
     _check_step_kv(store_kv, k_buf, cache_loc)
+    scaled = check_landmark_scales(landmarks, landmark_scales)
     if TOPK_VARIANTS[variant].fuses(b * h):  # the fused launch's own scoring, without its selection
-        _row_launch(q, landmarks, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out, k_buf, cache_loc,
-                    variant, q_out=q_out, store_kv=store_kv)
+        _row_launch(q, landmarks, landmark_scales, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out,
+                    k_buf, cache_loc, variant, q_out=q_out, store_kv=store_kv)
         return out
     nprog = score_programs(out.shape[1], variant)
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _score_kernel[(b, nprog)](
-        q, landmarks, k_buf if update else landmarks, cache_loc if update else cand_lo, req_to_token,
-        req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1], q.stride(0),
+        q, landmarks, landmark_scales if scaled else landmarks, k_buf if update else landmarks,
+        cache_loc if update else cand_lo, req_to_token, req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1], q.stride(0),
         q if q_out is None else q_out, kin, vin, kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size,
         BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d),
-        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, num_warps=8,
+        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, SCALED=scaled, num_warps=8,
         **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out

@@ -37,11 +37,10 @@ DEFAULT_SCHEDULE = "dense"
 # there is no cap beyond the context length.
 DEFAULT_TOPK_CAP_TOKENS = 1 << 20
 DEFAULT_LANDMARK_DTYPE = "bfloat16"
-# float32: the oracle's landmarks, for tests. Not float8_e4m3fn, though the kernels take it (the bench's
-# --landmark-dtype): unscaled it rounds values under 2^-10 to zero, where a dummy-weight server's keys lie (its weights,
-# the key norm's too, drawn from +-1e-3), so their pages score alike; served so it decoded 3.6-5.7% slower
-# (benchmarks/results/speed/call42/README.md).
-LANDMARK_DTYPES = ("bfloat16", "float32")  # of kernels.LANDMARK_STORAGE_DTYPES
+# float32: the oracle's landmarks, for tests. float8_e4m3fn: half bfloat16's read in the scoring, each (page, KV head)
+# landmark stored with a power-of-two scale (kernels.reference.store_landmarks; unscaled, a dummy-weight server's keys
+# of ~1e-3 rounded to zero and it decoded 3.6-5.7% slower: benchmarks/results/speed/call42/README.md).
+LANDMARK_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")  # of kernels.LANDMARK_STORAGE_DTYPES
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
 # Off: served, 2 sub-rows moved decode by -4.8% to +4.8% over six workloads (benchmarks/results/speed/call38/). The

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sparrow_server.kernels.reference import landmark_values, store_landmarks
+
 from .selection import (
     batched_page_landmarks,
     num_pages,
@@ -42,13 +44,15 @@ def causal_page_selection(
     post-RoPE keys of the whole sequence (only the first ``position + 1`` matter per query);
     budget_pages: [C], the budget of the step that processes each position (at length
     ``position + 1``); ``landmark_dtype``: the dtype the landmarks are stored in before scoring, as a
-    server's ``SPARROW_LANDMARK_DTYPE`` (float32: the fp32 means themselves). Returns page ids [C, Hkv, K]
+    server's ``SPARROW_LANDMARK_DTYPE`` (float32: the fp32 means themselves; float8: with a scale per page and
+    head, ``kernels.reference.store_landmarks``). Returns page ids [C, Hkv, K]
     (-1 padded).
     """
     c_len, (t_len, hkv) = q.shape[0], k.shape[:2]
     pad = (-t_len) % page_size
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)) if pad else k
-    landmarks = batched_page_landmarks(kp[None], page_size).to(landmark_dtype)  # [1, P, Hkv, D]
+    means = batched_page_landmarks(kp[None], page_size).to(torch.float32)  # [1, P, Hkv, D]
+    landmarks = landmark_values(*store_landmarks(means, landmark_dtype))  # as the kernels store and score them
     scores = page_scores(query_summary(q, hkv), landmarks.expand(c_len, -1, -1, -1))
     lengths = torch.arange(query_offset + 1, query_offset + c_len + 1, device=k.device)
     page_ids, _ = select_pages(scores, num_pages(lengths, page_size), budget_pages, sink_pages, recent_pages)

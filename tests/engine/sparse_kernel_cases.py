@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT
 from sparrow_server.kernels import reference as R
 from sparrow_server.sglang_plugin.scheduler.standalone_layer import (SparseSelection, fixed_budget_schedule, make_case,
                                                                      plan_for)
@@ -59,56 +60,103 @@ def _landmarks(case, dtype):
     return lm
 
 
+def _scaled_landmarks(case, dtype):
+    """``_landmarks``, and their scales where ``dtype`` is stored scaled (float8), else None."""
+    lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype)
+    scales = torch.zeros(lm.shape[:2]) if dtype in R.SCALED_LANDMARK_DTYPES else None
+    R.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0]), lm, PS, only_full=True, landmark_scales=scales)
+    return lm, scales
+
+
 def _selection(K, case, schedules, lm_dtype=torch.bfloat16, pcap=None, variant=None):
     budgets = [int(s.budgets_tokens[0]) // PS for s in schedules if s.budgets_tokens]
     plan = plan_for(case, schedules, topk_cap_pages=max(budgets, default=1))
-    return SparseSelection(K, case, plan, _landmarks(case, lm_dtype), pcap or int(plan.n_pages.max()), variant)
+    lm, scales = _scaled_landmarks(case, lm_dtype)
+    return SparseSelection(K, case, plan, lm, pcap or int(plan.n_pages.max()), variant, landmark_scales=scales)
 
 
+def _filled_landmarks(case, dtype):
+    """Landmarks (and float8's scales) of every page set to 7 (scale 7: no scale the kernels write)."""
+    lm = torch.full((case.k_buf.shape[0] // PS, *case.k_buf.shape[1:]), 7.0).to(dtype)
+    return lm, (torch.full(lm.shape[:2], 7.0) if dtype in R.SCALED_LANDMARK_DTYPES else None)
+
+
+def _assert_same_landmarks(got, want):
+    """Landmarks (values, scales or None) equal: float32's within fp32 sums' order; float8's scales exactly and their
+    values within one float8 step (the interpreter's float8 cast drops a rounded-up mantissa's carry; the GPU test
+    holds them to torch's cast)."""
+    (lm, scales), (want_lm, want_scales) = got, want
+    if scales is None:
+        torch.testing.assert_close(lm, want_lm, rtol=1e-5, atol=1e-5)
+        return
+    assert torch.equal(scales, want_scales)
+    g, w = lm.float(), want_lm.float()
+    carry_dropped = (torch.frexp(w)[0].abs() == 0.5) & (g == w / 2)  # rounded up to 2^k, stored as 2^(k-1)
+    step = (g - w).abs() <= torch.maximum(w.abs() / 8, torch.full_like(w, 2.0**-9))  # sums in another order
+    assert (carry_dropped | step).all()
+    assert (g == w).float().mean() > 0.95
+
+
+@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.float8_e4m3fn])
 @pytest.mark.parametrize("only_full", [True, False])
-def test_landmark_kernel_matches_reference(K, only_full):
+def test_landmark_kernel_matches_reference(K, only_full, lm_dtype):
+    """The prefill's landmarks; float8 ones with their scales (keys of 1e-3, as a dummy-weight model's)."""
     case = _case([300, 77], seed=1)
+    if lm_dtype == torch.float8_e4m3fn:
+        case.k_buf.mul_(1e-3)
     locs = torch.randint(0, case.k_buf.shape[0], (120,), generator=torch.Generator().manual_seed(1))
-    got = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0)
-    want = got.clone()
-    K.update_landmarks(case.k_buf, locs, got, PS, only_full)
-    R.update_landmarks(case.k_buf, locs, want, PS, only_full)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert (got != 7.0).any(dim=(1, 2)).sum() == (want != 7.0).any(dim=(1, 2)).sum() > 0
+    got, want = _filled_landmarks(case, lm_dtype), _filled_landmarks(case, lm_dtype)
+    K.update_landmarks(case.k_buf, locs, got[0], PS, only_full, landmark_scales=got[1])
+    R.update_landmarks(case.k_buf, locs, want[0], PS, only_full, landmark_scales=want[1])
+    _assert_same_landmarks(got, want)
+    assert (got[0].float() != 7.0).any(dim=(1, 2)).sum() == (want[0].float() != 7.0).any(dim=(1, 2)).sum() > 0
+    if lm_dtype == torch.float8_e4m3fn:  # each written landmark's largest element in [2^7, 2^8] (rounded), under 448
+        written = want[1] != 7.0
+        top = got[0].float().abs().amax(dim=-1)[written]
+        assert written.any() and (top >= 128).all() and (top <= 256).all()
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_decode_scoring_updates_the_completed_page_landmark(K, variant):
+# float8: the split grid's landmark program (v1) and the fused rows' (the default)
+@pytest.mark.parametrize("variant,lm_dtype", [(v, torch.float32) for v in VARIANTS]
+                         + [(v, torch.float8_e4m3fn) for v in ("v1", DEFAULT_SELECT_VARIANT)])
+def test_decode_scoring_updates_the_completed_page_landmark(K, variant, lm_dtype):
     """The decode path's score launch first writes the landmark of the page this step's slot
-    completes (one program of several does it); a slot inside a page leaves its landmark alone."""
+    completes (one program of several does it; float8: with its scale); a slot inside a page leaves its landmark
+    alone."""
     case = _case([40, 70], seed=9)
-    lm = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0)
-    want = lm.clone()
+    lm, scales = _filled_landmarks(case, lm_dtype)
+    want = _filled_landmarks(case, lm_dtype)
     locs = torch.stack([case.req_to_token[1, 31], case.req_to_token[2, 69]]).long()
-    R.update_landmarks(case.k_buf, locs, want, PS, only_full=True)
+    R.update_landmarks(case.k_buf, locs, want[0], PS, only_full=True, landmark_scales=want[1])
     zero = torch.zeros(2, dtype=torch.int32)
     assert K.score_programs(100, variant) > 1
     K.page_scores(case.q, lm, case.req_to_token, case.rpi, zero, zero, PS, torch.zeros(16, 100),
-                  k_buf=case.k_buf, cache_loc=locs, variant=variant)
-    torch.testing.assert_close(lm, want, rtol=1e-5, atol=1e-5)
-    assert int((lm != 7).any(dim=(1, 2)).sum()) == 1
+                  k_buf=case.k_buf, cache_loc=locs, variant=variant, landmark_scales=scales)
+    _assert_same_landmarks((lm, scales), want)
+    assert int((lm.float() != 7).any(dim=(1, 2)).sum()) == 1
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.bfloat16, torch.float8_e4m3fn])
 def test_scores_on_the_candidate_range_only(K, lm_dtype, variant):
-    """Scores equal ``reference.page_scores`` on ``[cand_lo, cand_hi)`` of each row; every other
-    entry of the buffer (dense rows' included) is left as it was."""
+    """Scores equal ``reference.page_scores`` on ``[cand_lo, cand_hi)`` of each row (float8: each page's landmark
+    times its scale, keys of the magnitude of a dummy-weight model's, 1e-3, whose landmarks unscaled round to zero);
+    every other entry of the buffer (dense rows' included) is left as it was."""
     case = _case([5000, 1200, 40, 3000], seed=2)
+    if lm_dtype == torch.float8_e4m3fn:
+        case.k_buf.mul_(1e-3)
     s = fixed_budget_schedule(32)
     sel = _selection(K, case, [s, s, s, dense_schedule()], lm_dtype, pcap=400, variant=variant)
     sel.scores.fill_(OUTSIDE)
     got = sel.score().clone()
     f = sel.fields
-    want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS, 400)
+    want = R.page_scores(case.q, sel.lm, case.req_to_token, case.rpi, f["cand_lo"], f["cand_hi"], PS, 400,
+                         landmark_scales=sel.lm_scales)
     inside = torch.isfinite(want)
     assert int(inside.sum()) == sum(int(hi - lo) * 8 for lo, hi in zip(sel.plan.cand_lo, sel.plan.cand_hi)) > 0
-    torch.testing.assert_close(got[inside], want[inside], rtol=1e-4, atol=1e-3)
+    atol = 1e-3 * float(want[inside].abs().max())  # the scores' own scale (float8: keys of 1e-3)
+    torch.testing.assert_close(got[inside], want[inside], rtol=1e-4, atol=atol)
+    assert want[inside].unique().numel() > 0.9 * int(inside.sum())  # scores that tell the pages apart
     assert (got[~inside] == OUTSIDE).all()
 
 

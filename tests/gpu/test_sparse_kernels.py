@@ -21,42 +21,53 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def _landmarks(case, dtype):
+def _scaled_landmarks(case, dtype):
+    """Every full page's landmark by the kernel, and (float8) their scales, else None."""
     from sparrow_server.kernels import sparse_decode as K
 
     lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype, device="cuda")
+    scales = torch.zeros(lm.shape[:2], device="cuda") if dtype in R.SCALED_LANDMARK_DTYPES else None
     slots = torch.arange(case.k_buf.shape[0], device="cuda")
-    K.update_landmarks(case.k_buf, slots, lm, PS, only_full=True)
-    return lm
+    K.update_landmarks(case.k_buf, slots, lm, PS, only_full=True, landmark_scales=scales)
+    return lm, scales
 
 
-def _layer(case, plan, lm, pcap, variant=None):
+def _landmarks(case, dtype):
+    return _scaled_landmarks(case, dtype)[0]
+
+
+def _layer(case, plan, lm, pcap, variant=None, scales=None):
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import SparseLayer
 
     ws = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    return SparseLayer(case, plan, lm, pcap, ws, variant)
+    return SparseLayer(case, plan, lm, pcap, ws, variant, landmark_scales=scales)
 
 
 @pytest.mark.parametrize("lm_dtype", [torch.float32, torch.float8_e4m3fn])
 def test_landmark_kernel_matches_reference(lm_dtype):
-    """The kernel's page means equal the reference's; stored as float8 (the kernels take it, the bench's
-    --landmark-dtype; the server does not offer it: config.LANDMARK_DTYPES), each rounds to the nearest float8 as
-    torch's cast of the reference's mean does: equal but where the two fp32 sums,
-    taken in other orders, straddle a rounding boundary (one float8 step: 1/8 of the value, 2^-9 near zero).
-    (The Triton interpreter's float8 cast drops the carry of a rounded-up mantissa, so this runs on GPUs only.)"""
+    """The kernel's page means equal the reference's; stored as float8 (keys of 1e-3, a dummy-weight model's), each
+    page and head with the reference's power-of-two scale, exactly, and each element rounded to the nearest float8 as
+    torch's cast of the reference's scaled mean: equal but where the two fp32 sums, taken in other orders, straddle a
+    rounding boundary (one float8 step: 1/8 of the value, 2^-9 near zero).
+    (The Triton interpreter's float8 cast drops the carry of a rounded-up mantissa: the CPU case allows it.)"""
     from sparrow_server.kernels import sparse_decode as K
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([300, 77], seed=1)
+    scaled = lm_dtype in R.SCALED_LANDMARK_DTYPES
+    if scaled:
+        case.k_buf.mul_(1e-3)
     for only_full in (True, False):
         locs = torch.randint(0, case.k_buf.shape[0], (200,), device="cuda")
         got = torch.full((case.k_buf.shape[0] // PS, 8, 128), 7.0, device="cuda").to(lm_dtype)
         want = got.clone()
-        K.update_landmarks(case.k_buf, locs, got, PS, only_full)
-        R.update_landmarks(case.k_buf, locs, want, PS, only_full)
+        got_s, want_s = (torch.full(got.shape[:2], 7.0, device="cuda") for _ in "ab") if scaled else (None, None)
+        K.update_landmarks(case.k_buf, locs, got, PS, only_full, landmark_scales=got_s)
+        R.update_landmarks(case.k_buf, locs, want, PS, only_full, landmark_scales=want_s)
         if lm_dtype == torch.float32:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             continue
+        assert torch.equal(got_s, want_s) and int((got_s != 7.0).sum()) > 0
         torch.testing.assert_close(got.float(), want.float(), rtol=0.125, atol=2.0**-9)
         assert (got.float() == want.float()).float().mean() > 0.99
         assert int((got.float() != 7.0).any(dim=(1, 2)).sum()) > 0
@@ -68,15 +79,19 @@ def test_scores_and_indices_match_reference(lm_dtype):
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import fixed_budget_schedule, make_case, plan_for
 
     case = make_case([5000, 1200, 40, 3000], seed=2)
+    if lm_dtype in R.SCALED_LANDMARK_DTYPES:
+        case.k_buf.mul_(1e-3)  # a dummy-weight model's keys: unscaled float8 landmarks round them to zero
     s = fixed_budget_schedule(32)
     plan = plan_for(case, [s, s, s, dense_schedule()], topk_cap_pages=64)
-    lm = _landmarks(case, lm_dtype)
-    layer = _layer(case, plan, lm, pcap=400)
+    lm, scales = _scaled_landmarks(case, lm_dtype)
+    layer = _layer(case, plan, lm, pcap=400, scales=scales)
     got = layer.score()
     f = {k: v.cpu() for k, v in layer.fields.items()}
     want = R.page_scores(case.q.cpu(), lm.cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
-                         f["cand_hi"], PS, 400)
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3)
+                         f["cand_hi"], PS, 400, landmark_scales=None if scales is None else scales.cpu())
+    inside = torch.isfinite(want)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-3 * float(want[inside].abs().max()))
+    assert want[inside].unique().numel() > 0.9 * int(inside.sum())  # scores that tell the pages apart
     layer.select_write()
     top = torch.topk(layer.scores, 64, dim=1, sorted=True).indices  # stable enough: random scores, no ties
     want_idx = torch.full_like(layer.indices.cpu(), -1)
@@ -316,7 +331,8 @@ def test_narrow_landmarks_select_nearly_the_same_pages(lm_dtype):
     plan = plan_for(case, [s, s], topk_cap_pages=256)
     pages = []
     for dtype in (torch.float32, lm_dtype):
-        layer = _layer(case, plan, _landmarks(case, dtype), pcap=2048)
+        lm, scales = _scaled_landmarks(case, dtype)
+        layer = _layer(case, plan, lm, pcap=2048, scales=scales)
         layer(1 / math.sqrt(128))
         pages.append(layer.logical_pages())
     overlap = sum(len(a & b) for a, b in zip(*pages)) / sum(len(a) for a in pages[0])

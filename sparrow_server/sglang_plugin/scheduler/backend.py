@@ -45,6 +45,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.kernels.merge import merge_parts, sub_row_queries
+from sparrow_server.kernels.reference import SCALED_LANDMARK_DTYPES
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
 from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, backend_splits
@@ -133,12 +134,15 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         dense = set(self.table.default.dense_layers)
         lm_dtype = getattr(torch, cfg.landmark_dtype)
         n_slots = pool.get_key_buffer(first).shape[0]
+        sparse = [layer for layer in range(first, first + n_layers) if layer not in dense]
+        pages = n_slots // self.page_size
         with kv_cache_region(model_runner):  # released and resumed with the KV pool (memory saver)
-            self.landmarks = {
-                layer: torch.zeros(n_slots // self.page_size, self.num_kv_heads, self.head_dim,
-                                   dtype=lm_dtype, device=model_runner.device)
-                for layer in range(first, first + n_layers) if layer not in dense
-            }
+            self.landmarks = {layer: torch.zeros(pages, self.num_kv_heads, self.head_dim, dtype=lm_dtype,
+                                                 device=model_runner.device) for layer in sparse}
+            # float8 landmarks' scales, a power of two per (page, KV head) (kernels.reference.store_landmarks)
+            self.landmark_scales = {layer: torch.zeros(pages, self.num_kv_heads, dtype=torch.float32,
+                                                       device=model_runner.device)
+                                    for layer in (sparse if lm_dtype in SCALED_LANDMARK_DTYPES else ())}
         self.sparse_layers = tuple(sorted(self.landmarks))
         self._extra: dict[int, frozenset] = {}  # schedule slot -> the sparse layers its schedule keeps dense
         self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads,
@@ -148,7 +152,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self._warned: set[str] = set()
         self.selection_recorder = recorder_from_env(self.page_size, self.num_kv_heads,  # None unless debugging
                                                     heads=self.kv_heads)
-        lm_mib = sum(t.numel() * t.element_size() for t in self.landmarks.values()) / 2**20
+        side = (*self.landmarks.values(), *self.landmark_scales.values())
+        lm_mib = sum(t.numel() * t.element_size() for t in side) / 2**20
         logger.info("sparrow backend: %d sparse layers, dense layers %s, landmarks %.0f MiB (%s), top-k cap %d "
                     "pages, Pcap %d, rows = request x %d KV heads (global %s), G = %d, selection %s, "
                     "KV split eager %s / graph %s, graph sub-rows %d, step K/V stored by the selection %s",
@@ -263,7 +268,8 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         lm = self.landmarks.get(layer.layer_id)
         if lm is not None and save_kv_cache and k is not None and not layer.is_cross_attention:
             k_buf = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-            K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True)
+            K.update_landmarks(k_buf, forward_batch.out_cache_loc, lm, self.page_size, only_full=True,
+                               landmark_scales=self.landmark_scales.get(layer.layer_id))
         return o
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
@@ -293,7 +299,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         f = decode.fields
         K.score_and_select(q3, lm, self.req_to_token, rpi, f, decode.row_indptr, self.page_size, step.scores,
                            step.indices, k_buf=k_buf, cache_loc=cache_loc, variant=self.select_variant, q_out=q_out,
-                           store_kv=store_kv)
+                           store_kv=store_kv, landmark_scales=self.landmark_scales.get(layer.layer_id))
         if self.selection_recorder is not None:
             self.selection_recorder.record(layer.layer_id, step.rows, step.lengths, self.table.prompt_len[step.rows],
                                            step.plan_of(layer.layer_id).row_indptr, step.indices, self.req_to_token,

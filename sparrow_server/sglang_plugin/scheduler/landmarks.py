@@ -39,6 +39,7 @@ KV_CACHE_TAG = "kv_cache"  # SGLang's GPU_MEMORY_TYPE_KV_CACHE
 RUNNER_BACKEND_ATTRS = ("attn_backend", "decode_attn_backend", "decode_attn_backend_group")
 NESTED_BACKEND_ATTRS = ("prefill_backend", "decode_backend", "full_attn_backend", "primary", "children")
 LANDMARKS_ATTR = "landmarks"  # SparrowAttnBackend.landmarks: {layer_id: [pages, Hkv, D] tensor}
+LANDMARK_SCALES_ATTR = "landmark_scales"  # float8 landmarks' scales: {layer_id: [pages, Hkv] float32}
 
 
 def _walk(obj: Any, seen: set[int]) -> Iterator[Any]:
@@ -65,7 +66,7 @@ def invalidate_landmarks(backend: Any) -> int:
     """Zero the backend's landmarks in place (addresses kept: CUDA graphs stay valid) and drop its
     step plan. Returns the number of layers zeroed."""
     tables = getattr(backend, LANDMARKS_ATTR)
-    for tensor in tables.values():
+    for tensor in (*tables.values(), *getattr(backend, LANDMARK_SCALES_ATTR, {}).values()):
         tensor.zero_()
     if hasattr(backend, "step"):
         backend.step = None

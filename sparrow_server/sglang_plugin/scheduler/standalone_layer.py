@@ -101,8 +101,9 @@ class SparseSelection:
     case's device."""
 
     def __init__(self, kernels, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int,
-                 variant: str | None = None):
+                 variant: str | None = None, landmark_scales: torch.Tensor | None = None):
         self.K, self.case, self.plan, self.lm = kernels, case, plan, landmarks
+        self.lm_scales = landmark_scales  # float8 landmarks' (kernels.reference.store_landmarks)
         self.variant = variant  # ``sparse_decode.SELECT_VARIANTS``; None: the module's default
         b, h = plan.batch_size, plan.num_kv_heads
         device = case.q.device
@@ -121,7 +122,7 @@ class SparseSelection:
         c, f = self.case, self.fields
         return self.K.page_scores(c.q, self.lm, c.req_to_token, c.rpi, f["cand_lo"], f["cand_hi"], c.page_size,
                                   self.scores, k_buf=None if cache_loc is None else c.k_buf, cache_loc=cache_loc,
-                                  variant=self.variant)
+                                  variant=self.variant, landmark_scales=self.lm_scales)
 
     def select_write(self):
         c, f = self.case, self.fields
@@ -134,7 +135,7 @@ class SparseSelection:
         c = self.case
         self.K.score_and_select(c.q, self.lm, c.req_to_token, c.rpi, self.fields, self.row_indptr, c.page_size,
                                 self.scores, self.indices, k_buf=None if cache_loc is None else c.k_buf,
-                                cache_loc=cache_loc, variant=self.variant)
+                                cache_loc=cache_loc, variant=self.variant, landmark_scales=self.lm_scales)
 
     def logical_pages(self, ordered: bool = False) -> list:
         """Selected logical pages per (request, KV head) row, read back from the index buffer
@@ -177,12 +178,12 @@ class SparseLayer(SparseSelection):
 
     def __init__(self, case: PagedCase, plan: StepPlan, landmarks: torch.Tensor, pcap: int, workspace: torch.Tensor,
                  variant: str | None = None, split: DecodeSplit = FLASHINFER_CHOICE, parts: int = 1,
-                 graph: bool = False):
+                 graph: bool = False, landmark_scales: torch.Tensor | None = None):
         import flashinfer
 
         from sparrow_server.kernels import sparse_decode as K
 
-        super().__init__(K, case, plan, landmarks, pcap, variant)
+        super().__init__(K, case, plan, landmarks, pcap, variant, landmark_scales)
         self.parts = parts
         indptr, last = plan.row_indptr, plan.last_page_len
         if parts > 1:
