@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import sglang_server as S  # noqa: E402
 
 from sparrow_server.cost.model_shape import model_shape_from_config  # noqa: E402
-from sparrow_server.cost.roofline import roofline_bytes, step_flops_and_bytes  # noqa: E402
+from sparrow_server.cost.roofline import landmark_element_bytes, roofline_bytes, step_flops_and_bytes  # noqa: E402
 from sparrow_server.sparsity.registry import ScheduleRegistry  # noqa: E402
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule, dump_schedule, load_schedule  # noqa: E402
 
@@ -223,13 +223,21 @@ def schedule_for(size: str, args) -> Schedule:
     return ScheduleRegistry().get(f"{size}-{args.schedule_suffix}")
 
 
-def roofline_ratio(cfg, size, schedule, workload, context, batch, gen_len, prompt):
+def landmark_dtype() -> str:
+    """The sparse server's landmark dtype: its environment's SPARROW_LANDMARK_DTYPE (inherited from this one)."""
+    from sparrow_server.sglang_plugin.config import DEFAULT_LANDMARK_DTYPE, ENV_LANDMARK_DTYPE
+
+    return os.environ.get(ENV_LANDMARK_DTYPE, DEFAULT_LANDMARK_DTYPE)
+
+
+def roofline_ratio(cfg, size, schedule, workload, context, batch, gen_len, prompt, lm_dtype=None):
     shape = model_shape_from_config(cfg, name=size)
+    lm_bytes = landmark_element_bytes(lm_dtype or landmark_dtype(), shape.head_dim)
     if workload == "decode_ctx":
-        return roofline_bytes(shape, schedule, context, batch=batch).ratio
+        return roofline_bytes(shape, schedule, context, batch=batch, landmark_bytes=lm_bytes).ratio
     lengths = prompt + np.arange(1, gen_len + 1)
     _, d = step_flops_and_bytes(shape, dense_schedule(), lengths, batch, prompt)
-    _, s = step_flops_and_bytes(shape, schedule, lengths, batch, prompt)
+    _, s = step_flops_and_bytes(shape, schedule, lengths, batch, prompt, lm_bytes)
     return float(np.sum(d.total) / np.sum(s.total))
 
 
@@ -250,7 +258,8 @@ def make_run(key, per, cfg, size, schedule, args) -> dict:
            for b in ("flashinfer", "sparrow")}
     run = {"model": size, "workload": workload, "context": None if rollout else ctx, "prompt_len": ctx,
            "gen_len": args.rollout_gen if rollout else args.gen_len, "batch": batch, "schedule": schedule.name,
-           "context_length": args.context_length, "dense_tok_s": tok["flashinfer"], "sparse_tok_s": tok["sparrow"]}
+           "context_length": args.context_length, "landmark_dtype": landmark_dtype(), "dense_tok_s": tok["flashinfer"],
+           "sparse_tok_s": tok["sparrow"]}
     run["speedup"] = round(run["sparse_tok_s"] / run["dense_tok_s"], 3) if None not in tok.values() else None
     run["roofline_ratio"] = round(roofline_ratio(cfg, size, schedule, workload, ctx, batch, run["gen_len"],
                                                  ctx if rollout else 0), 3)

@@ -44,6 +44,15 @@ LANDMARK_BYTES = 2  # landmarks accumulate in fp32 and are stored in bf16, as in
 TENSOR_CORE_DECODE_GROUP = 4
 
 
+def landmark_element_bytes(dtype: str, head_dim: int) -> float:
+    """Bytes the scoring reads per landmark element stored in ``dtype`` (a server's SPARROW_LANDMARK_DTYPE): float8
+    adds its float32 scale per page and KV head (``kernels.reference.store_landmarks``), 4 / head_dim an element."""
+    per = {"bfloat16": 2.0, "float32": 4.0, "float8_e4m3fn": 1.0 + 4.0 / head_dim}
+    if dtype not in per:
+        raise ValueError(f"landmark dtype {dtype!r}: one of {sorted(per)}")
+    return per[dtype]
+
+
 @dataclass(frozen=True)
 class StepBytes:
     """Bytes one decode step of a batch reads."""
@@ -128,9 +137,11 @@ def _attended_and_scored(schedule: Schedule, lengths: np.ndarray, prompt_len: in
 
 
 def step_flops_and_bytes(
-    model: ModelShape, schedule: Schedule, lengths, batch: int, prompt_len: int = 0
+    model: ModelShape, schedule: Schedule, lengths, batch: int, prompt_len: int = 0,
+    landmark_bytes: float = LANDMARK_BYTES,
 ) -> tuple[np.ndarray, StepBytes]:
-    """FLOPs and bytes of decode steps at each length. lengths: [S] int -> (flops [S], StepBytes of [S] arrays)."""
+    """FLOPs and bytes of decode steps at each length. lengths: [S] int -> (flops [S], StepBytes of [S] arrays).
+    ``landmark_bytes``: per landmark element (``landmark_element_bytes``)."""
     if batch < 1:
         raise ValueError(f"batch = {batch!r}: must be >= 1")
     lengths = np.atleast_1d(np.asarray(lengths, dtype=np.int64))
@@ -147,7 +158,7 @@ def step_flops_and_bytes(
     )
     kv_token_layer = 2.0 * hkv_hd * model.kv_bytes
     kv_req = kv_token_layer * (n_dense * lengths + n_sparse * attended)
-    landmark_req = n_sparse * scored * hkv_hd * LANDMARK_BYTES
+    landmark_req = n_sparse * scored * hkv_hd * landmark_bytes
     weights = np.full(lengths.shape, float(model.matmul_params * model.weight_bytes))
     return batch * flops_req, StepBytes(weights, batch * kv_req, batch * landmark_req)
 
@@ -279,11 +290,12 @@ def predicted_speedup(
 
 
 def roofline_bytes(
-    model: ModelShape, schedule: Schedule, length: int, batch: int = 1, prompt_len: int = 0
+    model: ModelShape, schedule: Schedule, length: int, batch: int = 1, prompt_len: int = 0,
+    landmark_bytes: float = LANDMARK_BYTES,
 ) -> RooflineBytes:
     """Bytes one decode step at ``length`` must read, dense vs ``schedule`` (for benchmarks to print)."""
     _, dense = step_flops_and_bytes(model, dense_schedule(), [length], batch, prompt_len)
-    _, sparse = step_flops_and_bytes(model, schedule, [length], batch, prompt_len)
+    _, sparse = step_flops_and_bytes(model, schedule, [length], batch, prompt_len, landmark_bytes)
     scalar = lambda b: StepBytes(float(b.weights[0]), float(b.kv[0]), float(b.landmarks[0]))  # noqa: E731
     return RooflineBytes(scalar(dense), scalar(sparse))
 
@@ -292,5 +304,5 @@ __all__ = [
     "StepBytes", "RooflineBytes", "RolloutEstimate", "step_flops_and_bytes", "step_roofline_and_counts", "step_time_s",
     "prefill_time_s", "rollout_waves", "rollout_decode_roofline_and_counts",
     "decode_time_per_request_s", "rollout_estimate", "predicted_speedup", "roofline_bytes",
-    "DEFAULT_DECODE_BATCH", "DEFAULT_SAMPLES", "LANDMARK_BYTES",
+    "DEFAULT_DECODE_BATCH", "DEFAULT_SAMPLES", "LANDMARK_BYTES", "landmark_element_bytes",
 ]

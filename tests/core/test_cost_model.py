@@ -13,7 +13,8 @@ from sparrow_server.cost.model_shape import (
 )
 from sparrow_server.cost.paper import appendix_f_attention_term, dense_cost, paper_cost, sparse_cost
 from sparrow_server.cost.roofline import (
-    LANDMARK_BYTES, predicted_speedup, rollout_estimate, rollout_waves, roofline_bytes, step_flops_and_bytes,
+    LANDMARK_BYTES, landmark_element_bytes, predicted_speedup, rollout_estimate, rollout_waves, roofline_bytes,
+    step_flops_and_bytes,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, budget_tokens, dense_schedule
@@ -224,6 +225,19 @@ def test_roofline_bytes_hand_computed():
     # partial last page: A = (budget_pages - 1) * 16 + last_page_len
     _, b = step_flops_and_bytes(model, schedule, [16_390], 1)
     assert b.kv[0] == per_token_layer * (2 * 16_390 + 26 * (127 * 16 + 6))
+    # float8 landmarks: one byte an element and a float32 scale per page and KV head (128 elements)
+    f8 = roofline_bytes(model, schedule, length=16_384, batch=32,
+                        landmark_bytes=landmark_element_bytes("float8_e4m3fn", 128))
+    assert f8.sparse.landmarks == 32 * 26 * (1024 - 2) * 8 * (128 + 4) and f8.sparse.kv == rb.sparse.kv
+    assert f8.dense == rb.dense and f8.ratio > rb.ratio
+
+
+def test_landmark_element_bytes_cover_the_server_s_dtypes():
+    from sparrow_server.sglang_plugin.config import LANDMARK_DTYPES
+
+    assert [landmark_element_bytes(d, 128) for d in LANDMARK_DTYPES] == [2.0, 4.0, 1.03125]
+    with pytest.raises(ValueError, match="int8"):
+        landmark_element_bytes("int8", 128)
 
 
 def test_paper_formulas():
