@@ -15,12 +15,21 @@ from sparrow_server.sglang_plugin.frontend import weight_preflight
 from sparrow_server.sglang_plugin.scheduler import landmarks
 
 
-def sparrow_backend(layers=(1, 2)):
-    return SimpleNamespace(landmarks={i: torch.randn(8, 2, 4) for i in layers}, step="plan of the last step")
+def sparrow_backend(layers=(1, 2), scaled=False):
+    """A backend's landmark side cache; ``scaled``: float8's, with its scales ([pages, heads] each layer)."""
+    backend = SimpleNamespace(landmarks={i: torch.randn(8, 2, 4) for i in layers}, step="plan of the last step")
+    if scaled:
+        backend.landmark_scales = {i: torch.rand(8, 2) + 1 for i in layers}
+    return backend
+
+
+def side_cache(backend):
+    """Every tensor of the backend's landmark side cache: its landmarks and (float8) their scales."""
+    return [*backend.landmarks.values(), *getattr(backend, "landmark_scales", {}).values()]
 
 
 def stand_in_scheduler():
-    main, other_stream, draft = sparrow_backend(), sparrow_backend((3,)), sparrow_backend((0,))
+    main, other_stream, draft = sparrow_backend(scaled=True), sparrow_backend((3,)), sparrow_backend((0,))
     stock = SimpleNamespace(name="flashinfer")  # a backend without landmarks
     runner = SimpleNamespace(attn_backend=SimpleNamespace(prefill_backend=stock, decode_backend=main),
                              decode_attn_backend=main, decode_attn_backend_group=[main, other_stream])
@@ -37,11 +46,12 @@ def test_backends_are_found_through_wrappers_once_each():
 
 def test_successful_flush_zeroes_every_landmark_in_place():
     scheduler, backends = stand_in_scheduler()
-    storage = [t.data_ptr() for b in backends for t in b.landmarks.values()]
+    storage = [t.data_ptr() for b in backends for t in side_cache(b)]
     assert landmarks.after_flush_cache(True, scheduler, empty_cache=True) is None  # keeps flush_cache's result
     for backend in backends:
-        assert all(float(t.abs().sum()) == 0 for t in backend.landmarks.values()) and backend.step is None
-    assert [t.data_ptr() for b in backends for t in b.landmarks.values()] == storage  # CUDA graphs keep their pointers
+        assert all(float(t.abs().sum()) == 0 for t in side_cache(backend)) and backend.step is None
+    assert len(side_cache(backends[0])) == 4  # the float8 backend's scales were zeroed too
+    assert [t.data_ptr() for b in backends for t in side_cache(b)] == storage  # CUDA graphs keep their pointers
 
 
 def test_refused_flush_changes_nothing():
@@ -80,13 +90,13 @@ def test_resume_of_kv_memory_zeroes_the_landmarks():
     scheduler, backends = stand_in_scheduler()
     updater = SimpleNamespace(tp_worker=scheduler.tp_worker, draft_worker=scheduler.draft_worker)
     landmarks.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=["weights"]))
-    assert all(float(t.abs().sum()) > 0 for b in backends for t in b.landmarks.values())  # weights only: untouched
+    assert all(float(t.abs().sum()) > 0 for b in backends for t in side_cache(b))  # weights only: untouched
     for tags in (["kv_cache"], None, []):
         for b in backends:
-            for t in b.landmarks.values():
+            for t in side_cache(b):
                 t.normal_()
         landmarks.after_resume_memory_occupation(None, updater, SimpleNamespace(tags=tags))
-        assert all(float(t.abs().sum()) == 0 for b in backends for t in b.landmarks.values()), tags
+        assert all(float(t.abs().sum()) == 0 for b in backends for t in side_cache(b)), tags
 
 
 def test_landmarks_are_allocated_in_the_kv_cache_region_only_with_the_memory_saver():
