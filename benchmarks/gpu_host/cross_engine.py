@@ -156,8 +156,11 @@ def _quantiles(x: np.ndarray) -> dict[str, float]:
 
 
 def tf_selections(model: Any, ids: torch.Tensor, prompt_len: int, schedule: Schedule,
-                  wanted: dict[int, list[int]]) -> dict[tuple[int, int], list[np.ndarray]]:
-    """The reference's page selections at the wanted (layer -> positions): (layer, position) -> per KV head pages."""
+                  wanted: dict[int, list[int]],
+                  landmark_dtype: torch.dtype = torch.float32) -> dict[tuple[int, int], list[np.ndarray]]:
+    """The reference's page selections at the wanted (layer -> positions): (layer, position) -> per KV head pages,
+    its landmarks stored in ``landmark_dtype`` (a server's SPARROW_LANDMARK_DTYPE) before scoring, in the forward's
+    own sparse layers too (their outputs are the later layers' inputs)."""
     from sparrow_server.modeling.sparse_forward import position_budgets, teacher_forced_logits
     from sparrow_server.sparsity.teacher_forced import causal_page_selection
 
@@ -167,11 +170,12 @@ def tf_selections(model: Any, ids: torch.Tensor, prompt_len: int, schedule: Sche
     def observe(layer: int, q: torch.Tensor, k: torch.Tensor) -> None:
         for t in wanted.get(layer, ()):
             sel = causal_page_selection(q[t:t + 1], k[:t + 1], budgets[t:t + 1].to(q.device), schedule.page_size,
-                                        schedule.sink_pages, schedule.recent_pages, query_offset=t)[0]
+                                        schedule.sink_pages, schedule.recent_pages, query_offset=t,
+                                        landmark_dtype=landmark_dtype)[0]
             out[(layer, t)] = [np.sort(h[h >= 0].cpu().numpy()) for h in sel]
 
     with torch.inference_mode():
-        teacher_forced_logits(model, ids, prompt_len, schedule, observe=observe)
+        teacher_forced_logits(model, ids, prompt_len, schedule, observe=observe, landmark_dtype=landmark_dtype)
     return out
 
 
@@ -185,7 +189,8 @@ def _rows_by_prompt_len(rows: list[dict]) -> dict[int, dict]:
     return by_plen
 
 
-def _reference_pages(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict[int, np.ndarray]:
+def _reference_pages(model: Any, rows: list[dict], records: dict[str, Any], device: str,
+                     landmark_dtype: torch.dtype = torch.float32) -> dict[int, np.ndarray]:
     """The reference's pages for each record index (records of rollouts not in ``rows`` are left out).
     A layer the reference attends densely (a dense layer of the schedule) reads every page."""
     out = {}
@@ -198,7 +203,7 @@ def _reference_pages(model: Any, rows: list[dict], records: dict[str, Any], devi
             wanted.setdefault(int(records["layer"][i]), []).append(int(records["length"][i]) - 1)
         ids = torch.tensor(row["prompt_ids"] + row["completion_ids"], device=device)
         sched = schedule_from_dict(row["schedule"])
-        ref = tf_selections(model, ids, plen, sched, wanted)
+        ref = tf_selections(model, ids, plen, sched, wanted, landmark_dtype)
         for i in pick:
             layer, t, head = int(records["layer"][i]), int(records["length"][i]) - 1, int(records["head"][i])
             if t < ids.shape[0]:
@@ -206,18 +211,21 @@ def _reference_pages(model: Any, rows: list[dict], records: dict[str, Any], devi
     return out
 
 
-def reference_records(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict[str, Any]:
+def reference_records(model: Any, rows: list[dict], records: dict[str, Any], device: str,
+                      landmark_dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """``records`` with each record's pages replaced by ``model``'s selection at the same (token, layer,
     KV head): e.g. the reference run in bf16, whose agreement with the float32 one is what rounding explains."""
-    pages = _reference_pages(model, rows, records, device)
+    pages = _reference_pages(model, rows, records, device, landmark_dtype)
     keep = np.asarray(sorted(pages), dtype=np.int64)
     return {**{k: np.asarray(v)[keep] for k, v in records.items() if k != "pages"}, "pages": [pages[i] for i in keep]}
 
 
-def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], device: str) -> dict:
-    """Share of recorded (token, layer, KV head) selections equal to the reference's, and mean Jaccard."""
+def selection_agreement(model: Any, rows: list[dict], records: dict[str, Any], device: str,
+                        landmark_dtype: torch.dtype = torch.float32) -> dict:
+    """Share of recorded (token, layer, KV head) selections equal to the reference's (its landmarks stored in
+    ``landmark_dtype``), and mean Jaccard."""
     equal, jaccard, per_layer = [], [], {}
-    for i, expected in _reference_pages(model, rows, records, device).items():
+    for i, expected in _reference_pages(model, rows, records, device, landmark_dtype).items():
         a, b = set(records["pages"][i].tolist()), set(expected.tolist())
         layer = int(records["layer"][i])
         equal.append(a == b)

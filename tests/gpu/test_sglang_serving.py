@@ -36,7 +36,7 @@ ATTN_SCALE = 2.0
 COMMON = ["--page-size", "16", "--mem-fraction-static", "0.8", "--max-total-tokens", "131072", "--cuda-graph-max-bs", "8",
           "--disable-radix-cache", "--cuda-graph-backend-prefill", "disabled", "--max-running-requests", "8"]
 PORT = 31000 + int(os.environ.get("SPARROW_GPU_PORT_OFFSET", "0"))  # the breaks run two copies at once
-SELECTION_ENV = {"SPARROW_DEBUG_SELECTIONS_EVERY": "4", "SPARROW_LANDMARK_DTYPE": "float32"}
+SELECTION_ENV = {"SPARROW_DEBUG_SELECTIONS_EVERY": "4"}
 
 
 def _prompts():
@@ -115,12 +115,24 @@ def sparrow_eager(tmp, model):
 @pytest.fixture(scope="module")
 def selections(tmp, model):
     """Eager server with the debug hook and fp32 landmarks: the pages each sparse layer's KV heads read."""
+    return _selection_run(tmp, model, "float32")
+
+
+@pytest.fixture(scope="module")
+def selections_float8(tmp, model):
+    """The same with float8 landmarks (each page and head's scaled by a power of two)."""
+    return _selection_run(tmp, model, "float8_e4m3fn")
+
+
+def _selection_run(tmp, model, landmark_dtype: str):
     from sparrow_server.sglang_plugin.scheduler.selection_debug import load_records
 
-    folder = tmp / "selections"
+    name = "selections" if landmark_dtype == "float32" else f"selections-{landmark_dtype}"
+    folder = tmp / name
     long, _ = _prompts()
-    res = _run_server(tmp, model, "sparrow-selections", ["--attention-backend", "sparrow", "--disable-cuda-graph"],
-                      {"sparse": (long, SPARSE)}, env={"SPARROW_DEBUG_SELECTIONS": str(folder), **SELECTION_ENV})
+    env = {"SPARROW_DEBUG_SELECTIONS": str(folder), "SPARROW_LANDMARK_DTYPE": landmark_dtype, **SELECTION_ENV}
+    res = _run_server(tmp, model, f"sparrow-{name}", ["--attention-backend", "sparrow", "--disable-cuda-graph"],
+                      {"sparse": (long, SPARSE)}, env=env)
     return res["sparse"], load_records(folder)
 
 
@@ -187,13 +199,24 @@ def test_sparse_selections_agree_with_the_oracle(tmp, model, selections):
     """Sink, recent and top-k pages of every sparse layer and KV head, against the float32 reference's
     selection on the same tokens, as well as the reference run in bf16 agrees with it; and the eager
     fp32-landmark server's outputs are informative."""
+    _check_selections(tmp, model, selections, "float32", "selections_vs_oracle")
+
+
+def test_float8_selections_agree_with_the_oracle(tmp, model, selections_float8):
+    """The same with float8 landmarks (SPARROW_LANDMARK_DTYPE=float8_e4m3fn): the prefill's and the decode steps'
+    landmarks, each with its scale, against the reference storing its landmarks the same way
+    (``kernels.reference.store_landmarks``)."""
+    _check_selections(tmp, model, selections_float8, "float8_e4m3fn", "float8_selections_vs_oracle")
+
+
+def _check_selections(tmp, model, selections, landmark_dtype: str, name: str):
     from sparrow_server.sparsity.registry import builtin_schedules
 
     run, records = selections
     assert not C.informative_problems(run, min_distinct_total=20, min_distinct_per_request=4)
     schedule = {s.name: s for s in builtin_schedules()}[SPARSE]
     long, _ = _prompts()
-    check = O.selection_check(model, long, run.tokens, schedule, records)
-    _save(tmp, "selections_vs_oracle", check)
+    check = O.selection_check(model, long, run.tokens, schedule, records, landmark_dtype)
+    _save(tmp, name, check)
     assert check["server"]["records"] >= 4 * 4 * 8, check  # 4 requests x 4 sparse layers x 8 KV heads, at least once
     assert not O.selection_problems(check), check

@@ -61,16 +61,19 @@ def dense_difference(oracle, prompts, tokens, logprobs) -> dict:
     return {"n": int(d.size), "median": float(np.median(d)), "p99": float(np.quantile(d, 0.99)), "max": float(d.max())}
 
 
-def selection_check(model_dir: Path, prompts, tokens, schedule, records: dict) -> dict:
+def selection_check(model_dir: Path, prompts, tokens, schedule, records: dict, landmark_dtype: str = "float32") -> dict:
     """The server's selections against the float32 reference's, next to the floor: the same reference
-    run in bf16 at the same records. Returns {"server": agreement, "bf16_reference": agreement}."""
+    run in bf16 at the same records, both storing their landmarks in the server's ``landmark_dtype``
+    (its SPARROW_LANDMARK_DTYPE). Returns {"server": agreement, "bf16_reference": agreement}."""
     import cross_engine as X
+    import torch
 
+    stored = getattr(torch, landmark_dtype)
     table = rows(prompts, tokens, schedule)
     oracle = load_oracle(model_dir)
-    bf16 = X.reference_records(load_oracle(model_dir, "bfloat16"), table, records, "cuda")
-    return {"server": X.selection_agreement(oracle, table, records, "cuda"),
-            "bf16_reference": X.selection_agreement(oracle, table, bf16, "cuda")}
+    bf16 = X.reference_records(load_oracle(model_dir, "bfloat16"), table, records, "cuda", stored)
+    return {"server": X.selection_agreement(oracle, table, records, "cuda", stored),
+            "bf16_reference": X.selection_agreement(oracle, table, bf16, "cuda", stored)}
 
 
 def selection_problems(check: dict) -> list[str]:

@@ -11,6 +11,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from helpers.engine_util import run_requests
 from helpers.live_server import live_server
@@ -108,5 +109,21 @@ def test_selection_agreement_with_engine_recorded_pages(model_dir):
     ref = X.reference_records(model, rows, records, "cpu")  # the reference's own pages at the same records
     assert [p.tolist() for p in ref["pages"]] == [p.tolist() for p in records["pages"]]
     assert (ref["layer"] == records["layer"]).all() and (ref["head"] == records["head"]).all()
+    f8 = X.reference_records(model, rows, records, "cpu", torch.float8_e4m3fn)  # a float8-landmark server's oracle
+    assert X.selection_agreement(model, rows, f8, "cpu", torch.float8_e4m3fn)["agree_share"] == 1.0
     records["pages"][0] = np.array(sorted(set(records["pages"][0].tolist()) ^ {0, 1}))
     assert X.selection_agreement(model, rows, records, "cpu")["agree_share"] < 1.0
+
+
+def test_the_reference_selection_stores_landmarks_as_the_server_does(model_dir, monkeypatch):
+    """``selection_agreement``'s landmark dtype reaches every teacher-forced selection it makes: the recorded
+    layer's and those of the forward's own sparse layers, whose outputs feed the later layers."""
+    from sparrow_server.sparsity import teacher_forced
+
+    seen, select = [], teacher_forced.causal_page_selection
+    dtype_of = lambda a, kw: kw.get("landmark_dtype", a[7] if len(a) > 7 else None)  # noqa: E731
+    monkeypatch.setattr(teacher_forced, "causal_page_selection",
+                        lambda *a, **kw: seen.append(dtype_of(a, kw)) or select(*a, **kw))
+    ids = torch.arange(TOTAL) % (TINY_VOCAB - 1) + 1
+    X.tf_selections(load_plain(model_dir, "sdpa"), ids, 20, SCHEDULES[0], {1: [TOTAL - 1]}, torch.float8_e4m3fn)
+    assert len(seen) > 1 and set(seen) == {torch.float8_e4m3fn}
