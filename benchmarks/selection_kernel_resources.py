@@ -23,14 +23,17 @@ from triton.compiler import ASTSource
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.kernels import topk
 
-SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32", rpi_ptr="*i64",
-                   lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32", q_stride="i32",
-                   qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32", vbuf_ptr="*bf16")
-ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64", scores_ptr="*fp32", pcap="i32",
-                 r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32", sink_ptr="*i32", k_ptr="*i32",
-                 lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32", bins_ptr="*i32", r2t_stride="i32",
-                 q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32",
-                 vbuf_ptr="*bf16")
+SCORE_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", lms_ptr="*bf16", k_ptr="*bf16", loc_ptr="*i64", r2t_ptr="*i32",
+                   rpi_ptr="*i64", lo_ptr="*i32", hi_ptr="*i32", out_ptr="*fp32", r2t_stride="i32", pcap="i32",
+                   q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16", k_stride="i32", v_stride="i32",
+                   vbuf_ptr="*bf16")
+ROW_TYPES = dict(q_ptr="*bf16", lm_ptr="*bf16", lms_ptr="*bf16", kbuf_ptr="*bf16", loc_ptr="*i64",
+                 scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
+                 sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
+                 bins_ptr="*i32", r2t_stride="i32", q_stride="i32", qout_ptr="*bf16", kin_ptr="*bf16", vin_ptr="*bf16",
+                 k_stride="i32", v_stride="i32", vbuf_ptr="*bf16")
+# float8 landmarks: their scales' pointer a float32 one (bfloat16 landmarks: the landmarks passed again, unread)
+FLOAT8_LANDMARK_TYPES = dict(lm_ptr="*fp8e4nv", lms_ptr="*fp32")
 SELECT_TYPES = dict(scores_ptr="*fp32", pcap="i32", r2t_ptr="*i32", rpi_ptr="*i64", n_ptr="*i32", cnt_ptr="*i32",
                     sink_ptr="*i32", k_ptr="*i32", lo_ptr="*i32", hi_ptr="*i32", indptr_ptr="*i32", out_ptr="*i32",
                     bins_ptr="*i32", r2t_stride="i32")
@@ -46,21 +49,22 @@ def compile_kernel(fn, types: dict, consts: dict, options: dict, arch: int):
                           options=options)
 
 
-def row_kernel_launch(variant: str) -> tuple[dict, dict]:
-    """A fused variant's row kernel as the server launches it at Qwen3-1.7B shapes: (constants, options)."""
+def row_kernel_launch(variant: str, scaled: bool = False) -> tuple[dict, dict]:
+    """A fused variant's row kernel as the server launches it at Qwen3-1.7B shapes (``scaled``: float8 landmarks,
+    types ``FLOAT8_LANDMARK_TYPES``): (constants, options)."""
     consts, options = topk.tier_launch(variant)
     v = topk.TOPK_VARIANTS[variant]
     return dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.ROW_BLOCK_P, STAGES=K.ROW_STAGES, UPDATE=True, SELECT=True,
-                HOIST=v.hoisted, COPY_Q=v.copies_query, STORE_KV=v.stores_kv, **consts), options
+                HOIST=v.hoisted, COPY_Q=v.copies_query, STORE_KV=v.stores_kv, SCALED=scaled, **consts), options
 
 
-def score_kernel_launch(variant: str, pcap: int) -> tuple[dict, dict]:
-    """A variant's split scoring kernel as the server launches it at Qwen3-1.7B shapes (a server of ``pcap`` pages):
-    (constants, options)."""
+def score_kernel_launch(variant: str, pcap: int, scaled: bool = False) -> tuple[dict, dict]:
+    """A variant's split scoring kernel as the server launches it at Qwen3-1.7B shapes (a server of ``pcap`` pages;
+    ``scaled`` as ``row_kernel_launch``'s): (constants, options)."""
     even = variant != "v1"
     consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=K.SCORE_BLOCK_P, NPROG=K.score_programs(pcap, variant), EVEN=even,
                   UPDATE=True, LM_BLOCK=1024, COPY_Q=topk.TOPK_VARIANTS[variant].copies_query,
-                  STORE_KV=topk.TOPK_VARIANTS[variant].stores_kv)
+                  STORE_KV=topk.TOPK_VARIANTS[variant].stores_kv, SCALED=scaled)
     return consts, {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
 
 

@@ -16,14 +16,15 @@ SM_REGISTERS, SM_SHARED_BYTES = 65536, 228 * 1024  # an H100 / H200 SM (sm_90)
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 
 
-def _compile_row_kernel(variant: str):
+def _compile_row_kernel(variant: str, scaled: bool = False):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import selection_kernel_resources as res
 
     from sparrow_server.kernels import sparse_decode as K
 
-    consts, options = res.row_kernel_launch(variant)
-    return res.compile_kernel(K._row_kernel, res.ROW_TYPES, consts, options, 90), options
+    consts, options = res.row_kernel_launch(variant, scaled)
+    types = {**res.ROW_TYPES, **(res.FLOAT8_LANDMARK_TYPES if scaled else {})}
+    return res.compile_kernel(K._row_kernel, types, consts, options, 90), options
 
 
 @pytest.mark.timeout(300)
@@ -43,6 +44,22 @@ def test_fused_row_kernel_compiles_for_sm90_with_two_programs_per_sm(variant):
 
 
 @pytest.mark.timeout(300)
+def test_the_default_row_kernel_compiles_with_float8_landmarks():
+    """Float8 landmarks (scaled: each page's scale gathered beside its landmark row, the landmark update's scale
+    written) keep the default fused launch at two row programs an SM, its pipeline's tiles half bfloat16's. (Under
+    its 64-register cap the row kernel keeps a small stack either way: 56 bytes with bfloat16 landmarks, 64 with
+    float8 at af14a6c, measured served as call 43's decode; the split grid's scoring below spills nothing.)"""
+    from sparrow_server.kernels import DEFAULT_SELECT_VARIANT
+    from sparrow_server.kernels import sparse_decode as K
+
+    kernel, options = _compile_row_kernel(DEFAULT_SELECT_VARIANT, scaled=True)
+    bf16, _ = _compile_row_kernel(DEFAULT_SELECT_VARIANT)
+    assert options["maxnreg"] * options["num_warps"] * 32 * 2 <= SM_REGISTERS
+    assert (K.ROW_STAGES - 1) * K.ROW_BLOCK_P * 128 <= kernel.metadata.shared < bf16.metadata.shared
+    assert 2 * kernel.metadata.shared <= SM_SHARED_BYTES
+
+
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("variant", ["fused_hoisted_narrow", "fused_qcopy_narrow", "fused_kvstore_narrow"])
 def test_split_score_kernel_compiles_for_sm90(variant):
     """The split scoring a fused variant runs past its fused rows, with (``fused_qcopy_narrow``: the query strided,
@@ -58,6 +75,11 @@ def test_split_score_kernel_compiles_for_sm90(variant):
     assert consts["STORE_KV"] == (variant == "fused_kvstore_narrow")
     line = res.kernel_resources(res.compile_kernel(K._score_kernel, res.SCORE_TYPES, consts, options, 90))
     assert "STACK:0" in line.replace(" ", ""), line
+    if variant == "fused_kvstore_narrow":  # the default's split grid with float8 landmarks too
+        consts, options = res.score_kernel_launch(variant, 40960 // 16, scaled=True)
+        types = {**res.SCORE_TYPES, **res.FLOAT8_LANDMARK_TYPES}
+        line = res.kernel_resources(res.compile_kernel(K._score_kernel, types, consts, options, 90))
+        assert "STACK:0" in line.replace(" ", ""), line
 
 
 @pytest.mark.timeout(300)
