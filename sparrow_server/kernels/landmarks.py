@@ -14,7 +14,7 @@ import triton.language as tl
 from torch import Tensor
 
 # A landmark whose largest element has the biased float32 exponent e has the scale 2^s, s = e - 127 - 7
-# (reference.landmark_scale_exponents): the scale's biased exponent is e - 7, its inverse's 127 - s = 261 - e.
+# (reference.store_landmarks): the scale's biased exponent is e - 7, its inverse's 127 - s = 261 - e.
 _SCALE_EXP = tl.constexpr(7)
 _INV_EXP = tl.constexpr(261)
 
