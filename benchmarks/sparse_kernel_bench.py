@@ -124,21 +124,18 @@ def picks_adjacency(layer) -> float:
 
 def build_pool(b: int, ctx: int, group: int, placement: str = "random", runs_amplitude: float = 0.0,
                landmark_dtype: str = "bfloat16"):
-    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks, stored in ``landmark_dtype`` (with their scales
-    where float8: (case, landmarks, scales or None); shorter
-    contexts use a prefix of each request's pages: one pool for every case, built once; ``placement``:
-    ``make_case``'s; a ``runs_amplitude``: keys and queries ``shape_for_runs``, else random)."""
+    """A pool of ``b`` requests at ``ctx`` tokens and its landmarks, stored in ``landmark_dtype``: (case, landmarks,
+    their scales where float8 else None). Shorter contexts use a prefix of each request's pages: one pool for every
+    case, built once; ``placement``: ``make_case``'s; a ``runs_amplitude``: keys and queries ``shape_for_runs``, else
+    random."""
     from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.kernels.reference import SCALED_LANDMARK_DTYPES
+    from sparrow_server.kernels.reference import zero_landmarks
     from sparrow_server.sglang_plugin.scheduler.standalone_layer import make_case
 
     case = make_case([ctx] * b, num_kv_heads=H, group=group, head_dim=D, seed=0, placement=placement)
     if runs_amplitude:
         shape_for_runs(case, runs_amplitude)
-    lm = torch.zeros(case.k_buf.shape[0] // PS, H, D, dtype=getattr(torch, landmark_dtype), device="cuda")
-    scales = None
-    if lm.dtype in SCALED_LANDMARK_DTYPES:
-        scales = torch.zeros(lm.shape[:2], dtype=torch.float32, device="cuda")
+    lm, scales = zero_landmarks(case.k_buf.shape[0] // PS, H, D, getattr(torch, landmark_dtype), "cuda")
     K.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0], device="cuda"), lm, PS, only_full=True,
                        landmark_scales=scales)
     return case, lm, scales
@@ -356,8 +353,8 @@ def main() -> int:
                     help="FlashInfer's sparse decode plan: as a server's CUDA graph plans it (default), or eager "
                          "(the plan before call 38: the CUDA-core kernel unsplit where the split gives a chunk a row)")
     ap.add_argument("--landmark-dtype", choices=LANDMARK_STORAGE_DTYPES, default=DEFAULT_LANDMARK_DTYPE,
-                    help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE; float8_e4m3fn: the kernels "
-                         "take it, the server does not offer it)")
+                    help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE; float8_e4m3fn: with a "
+                         "scale per page and KV head)")
     ap.add_argument("--out", default="sparse_kernel_bench.json")
     a = ap.parse_args()
     variants = a.variants.split(",")

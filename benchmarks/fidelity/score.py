@@ -81,8 +81,8 @@ def main() -> None:
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th rollout from the i-th")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--landmark-dtype", choices=LANDMARK_STORAGE_DTYPES, default="float32",
-                        help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE, or float8_e4m3fn, which "
-                             "the kernels take but the server does not offer); float32: the oracle's")
+                        help="the landmarks' storage dtype (a server's SPARROW_LANDMARK_DTYPE; float8_e4m3fn: with a "
+                             "scale per page and KV head); float32: the oracle's")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from sparrow_server.models import load_model

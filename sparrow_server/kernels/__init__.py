@@ -24,7 +24,8 @@
 # ``fused_qcopy_narrow`` that which takes the query strided per token and copies it contiguous for the attention, in
 # either launch path (TopKVariant.copies_query); ``fused_kvstore_narrow`` that which also stores the step's key and
 # value into the pool (TopKVariant.stores_kv).
-# Landmark dtypes the kernels take (GPU-tested); the server offers its own subset (sglang_plugin.config.LANDMARK_DTYPES).
+# Landmark dtypes the kernels take (GPU-tested) and a server offers (SPARROW_LANDMARK_DTYPE); float8 is stored scaled
+# (``reference.store_landmarks``).
 LANDMARK_STORAGE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",

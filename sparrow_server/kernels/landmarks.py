@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from sparrow_server.kernels.reference import SCALED_LANDMARK_DTYPES
+
 # A landmark whose largest element has the biased float32 exponent e has the scale 2^s, s = e - 127 - 7
 # (reference.store_landmarks): the scale's biased exponent is e - 7, its inverse's 127 - s = 261 - e.
 _SCALE_EXP = tl.constexpr(7)
@@ -77,7 +79,7 @@ def update_landmarks(k_buf: Tensor, locs: Tensor, landmarks: Tensor, page_size: 
 
 def check_landmark_scales(landmarks: Tensor, landmark_scales: Tensor | None) -> bool:
     """Whether the landmarks are scaled: float8 ones always are, with [pages, H] float32 scales beside them."""
-    scaled = landmarks.dtype == torch.float8_e4m3fn
+    scaled = landmarks.dtype in SCALED_LANDMARK_DTYPES
     assert scaled == (landmark_scales is not None), "float8 landmarks, and only they, take landmark_scales"
     if scaled:
         assert landmark_scales.dtype == torch.float32 and landmark_scales.shape == landmarks.shape[:2]

@@ -34,6 +34,15 @@ def store_landmarks(means: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor |
     return (means * _pow2(261 - e)[..., None]).to(dtype), _pow2(e - 7)
 
 
+def zero_landmarks(pages: int, heads: int, head_dim: int, dtype: torch.dtype,
+                   device: torch.device | str = "cpu") -> tuple[Tensor, Tensor | None]:
+    """Zeroed landmarks [pages, heads, head_dim] in ``dtype`` and, where that dtype is stored scaled, their zeroed
+    scales [pages, heads] float32 (else None)."""
+    landmarks = torch.zeros(pages, heads, head_dim, dtype=dtype, device=device)
+    scaled = dtype in SCALED_LANDMARK_DTYPES
+    return landmarks, (torch.zeros(pages, heads, dtype=torch.float32, device=device) if scaled else None)
+
+
 def landmark_values(stored: Tensor, scales: Tensor | None) -> Tensor:
     """The fp32 landmarks the scoring sees: the stored ones, times their scales where scaled."""
     values = stored.to(torch.float32)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, SELECT_VARIANTS
+from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, LANDMARK_STORAGE_DTYPES, SELECT_VARIANTS
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 BACKEND_NAME = "sparrow"
@@ -40,7 +40,7 @@ DEFAULT_LANDMARK_DTYPE = "bfloat16"
 # float32: the oracle's landmarks, for tests. float8_e4m3fn: half bfloat16's read in the scoring, each (page, KV head)
 # landmark stored with a power-of-two scale (kernels.reference.store_landmarks; unscaled, a dummy-weight server's keys
 # of ~1e-3 rounded to zero and it decoded 3.6-5.7% slower: benchmarks/results/speed/call42/README.md).
-LANDMARK_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")  # of kernels.LANDMARK_STORAGE_DTYPES
+LANDMARK_DTYPES = LANDMARK_STORAGE_DTYPES
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096
 # Off: served, 2 sub-rows moved decode by -4.8% to +4.8% over six workloads (benchmarks/results/speed/call38/). The

@@ -51,7 +51,7 @@ def causal_page_selection(
     c_len, (t_len, hkv) = q.shape[0], k.shape[:2]
     pad = (-t_len) % page_size
     kp = torch.nn.functional.pad(k, (0, 0, 0, 0, 0, pad)) if pad else k
-    means = batched_page_landmarks(kp[None], page_size).to(torch.float32)  # [1, P, Hkv, D]
+    means = batched_page_landmarks(kp[None], page_size)  # [1, P, Hkv, D] float32
     landmarks = landmark_values(*store_landmarks(means, landmark_dtype))  # as the kernels store and score them
     scores = page_scores(query_summary(q, hkv), landmarks.expand(c_len, -1, -1, -1))
     lengths = torch.arange(query_offset + 1, query_offset + c_len + 1, device=k.device)

@@ -62,8 +62,7 @@ def _landmarks(case, dtype):
 
 def _scaled_landmarks(case, dtype):
     """``_landmarks``, and their scales where ``dtype`` is stored scaled (float8), else None."""
-    lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype)
-    scales = torch.zeros(lm.shape[:2]) if dtype in R.SCALED_LANDMARK_DTYPES else None
+    lm, scales = R.zero_landmarks(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype)
     R.update_landmarks(case.k_buf, torch.arange(case.k_buf.shape[0]), lm, PS, only_full=True, landmark_scales=scales)
     return lm, scales
 

@@ -25,8 +25,7 @@ def _scaled_landmarks(case, dtype):
     """Every full page's landmark by the kernel, and (float8) their scales, else None."""
     from sparrow_server.kernels import sparse_decode as K
 
-    lm = torch.zeros(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype=dtype, device="cuda")
-    scales = torch.zeros(lm.shape[:2], device="cuda") if dtype in R.SCALED_LANDMARK_DTYPES else None
+    lm, scales = R.zero_landmarks(case.k_buf.shape[0] // PS, *case.k_buf.shape[1:], dtype, "cuda")
     slots = torch.arange(case.k_buf.shape[0], device="cuda")
     K.update_landmarks(case.k_buf, slots, lm, PS, only_full=True, landmark_scales=scales)
     return lm, scales

@@ -45,7 +45,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
 from sparrow_server.kernels import sparse_decode as K
 from sparrow_server.kernels.merge import merge_parts, sub_row_queries
-from sparrow_server.kernels.reference import SCALED_LANDMARK_DTYPES
+from sparrow_server.kernels.reference import zero_landmarks
 from sparrow_server.sglang_plugin.scheduler import state
 from sparrow_server.sglang_plugin.config import PAGE_SIZE
 from sparrow_server.sglang_plugin.scheduler.determinism import FLASHINFER_CHOICE, backend_splits
@@ -134,15 +134,13 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         dense = set(self.table.default.dense_layers)
         lm_dtype = getattr(torch, cfg.landmark_dtype)
         n_slots = pool.get_key_buffer(first).shape[0]
-        sparse = [layer for layer in range(first, first + n_layers) if layer not in dense]
-        pages = n_slots // self.page_size
         with kv_cache_region(model_runner):  # released and resumed with the KV pool (memory saver)
-            self.landmarks = {layer: torch.zeros(pages, self.num_kv_heads, self.head_dim, dtype=lm_dtype,
-                                                 device=model_runner.device) for layer in sparse}
-            # float8 landmarks' scales, a power of two per (page, KV head) (kernels.reference.store_landmarks)
-            self.landmark_scales = {layer: torch.zeros(pages, self.num_kv_heads, dtype=torch.float32,
-                                                       device=model_runner.device)
-                                    for layer in (sparse if lm_dtype in SCALED_LANDMARK_DTYPES else ())}
+            side = {layer: zero_landmarks(n_slots // self.page_size, self.num_kv_heads, self.head_dim, lm_dtype,
+                                          model_runner.device)
+                    for layer in range(first, first + n_layers) if layer not in dense}
+        self.landmarks = {layer: lm for layer, (lm, _) in side.items()}
+        # float8 landmarks' scales, a power of two per (page, KV head) (kernels.reference.store_landmarks)
+        self.landmark_scales = {layer: s for layer, (_, s) in side.items() if s is not None}
         self.sparse_layers = tuple(sorted(self.landmarks))
         self._extra: dict[int, frozenset] = {}  # schedule slot -> the sparse layers its schedule keeps dense
         self.eager_plans = EagerLayerPlans(self.workspace_buffer, self.sparse_layers, self.num_kv_heads,
