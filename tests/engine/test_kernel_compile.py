@@ -48,7 +48,8 @@ def test_the_default_row_kernel_compiles_with_float8_landmarks():
     """Float8 landmarks (scaled: each page's scale gathered beside its landmark row, the landmark update's scale
     written) keep the default fused launch at two row programs an SM, its pipeline's tiles half bfloat16's. (Under
     its 64-register cap the row kernel keeps a small stack either way: 56 bytes with bfloat16 landmarks, 64 with
-    float8 at af14a6c, measured served as call 43's decode; the split grid's scoring below spills nothing.)"""
+    float8: benchmarks/results/speed/call43/float8_roofline_and_compile.log; the split grid's scoring below spills
+    nothing.)"""
     from sparrow_server.kernels import DEFAULT_SELECT_VARIANT
     from sparrow_server.kernels import sparse_decode as K
 
