@@ -261,6 +261,10 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         return k3, v3, v_buf
 
     # ---- layers -----------------------------------------------------------------------------
+    # Under --enable-torch-compile SGLang compiles the model's forward around these calls: dynamo must not trace
+    # them (their host-planned step state and Triton launches on side buffers are not graph inputs it could track),
+    # so each call is a graph break that runs eagerly, captured in the decode CUDA graph as without compile.
+    @torch.compiler.disable
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         o = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
         lm = self.landmarks.get(layer.layer_id)
@@ -270,6 +274,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
                                landmark_scales=self.landmark_scales.get(layer.layer_id))
         return o
 
+    @torch.compiler.disable
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True):
         lm = self.landmarks.get(layer.layer_id)
         step = self.step
