@@ -13,6 +13,7 @@ from sparrow_server.cost.model_shape import MODEL_PRESETS, ModelShapeError, reso
 from sparrow_server.cost.paper import paper_cost
 from sparrow_server.cost.roofline import DEFAULT_DECODE_BATCH, DEFAULT_SAMPLES, rollout_estimate
 from sparrow_server.cost.step_fit import STEP_COST_TERMS
+from sparrow_server.kernels import DEFAULT_LANDMARK_DTYPE, LANDMARK_STORAGE_DTYPES
 from sparrow_server.sparsity.registry import ScheduleRegistry, UnknownScheduleError
 from sparrow_server.sparsity.schedule import Schedule, ScheduleError, kv_budget_tokens, load_schedule
 
@@ -34,6 +35,10 @@ def register(subparsers) -> None:
                    help="the server's KV pool in tokens (SGLang logs it as max_total_num_tokens): the batch decodes in "
                         "waves of as many requests as the pool holds at prompt + generation tokens each (default: no "
                         "limit)")
+    p.add_argument("--landmark-dtype", choices=LANDMARK_STORAGE_DTYPES, default=DEFAULT_LANDMARK_DTYPE,
+                   help=f"the sparse server's SPARROW_LANDMARK_DTYPE: the bytes its scoring reads per landmark element "
+                        f"(default {DEFAULT_LANDMARK_DTYPE}; float8_e4m3fn: one byte and a float32 scale per page and "
+                        f"KV head)")
     p.add_argument("--peak-tflops", type=float, default=None, help="override the bf16 matmul ceiling (TFLOP/s)")
     p.add_argument("--hbm-tbps", type=float, default=None, help="override the memory bandwidth (TB/s)")
     p.add_argument("--step-overhead-ms", type=float, default=None,
@@ -67,9 +72,9 @@ def run(args) -> int:
             step_overhead_s=args.step_overhead_ms / 1e3 if args.step_overhead_ms is not None else None,
         )
         est = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware, args.batch,
-                               args.kv_pool_tokens)
+                               args.kv_pool_tokens, args.landmark_dtype)
         roof = rollout_estimate(model, schedule, args.prompt_len, args.gen_len, args.samples, hardware.roofline(),
-                                args.batch, args.kv_pool_tokens)
+                                args.batch, args.kv_pool_tokens, args.landmark_dtype)
     except (ModelShapeError, ScheduleError, UnknownScheduleError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -85,6 +90,7 @@ def run(args) -> int:
                      "mem_bytes_per_s": hardware.mem_bytes_per_s,
                      **{term: getattr(hardware, term) for term in STEP_COST_TERMS}, "source": hardware.source},
         "schedule": schedule.id,
+        "landmark_dtype": args.landmark_dtype,
         "prompt_len": args.prompt_len, "gen_len": args.gen_len, "samples": args.samples, "batch": args.batch,
         "kv_pool_tokens": args.kv_pool_tokens, "decode_waves": list(est.decode_waves),
         "prefill_s": est.prefill_s,
@@ -98,7 +104,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{model.name} on {hardware.name}, schedule {schedule.id}: prompt {args.prompt_len}, "
+    print(f"{model.name} on {hardware.name}, schedule {schedule.id}"
+          + (f" ({args.landmark_dtype} landmarks)" if args.landmark_dtype != DEFAULT_LANDMARK_DTYPE else "")
+          + f": prompt {args.prompt_len}, "
           f"generate {args.gen_len} x {args.samples} samples, decode batch {args.batch}"
           + (f" in waves of {', '.join(map(str, est.decode_waves))} (KV pool {args.kv_pool_tokens} tokens)"
              if len(est.decode_waves) > 1 else ""))

@@ -8,7 +8,8 @@ step of ``batch`` requests that each attend ``L`` tokens (prompt + generated, cu
   selected tokens, and scoring ``S`` landmarks);
 - bytes per step: the weights once (``matmul_params * weight_bytes``, shared by the batch) + per
   request the KV read: dense layers ``L`` tokens, sparse layers ``A`` tokens, both at
-  ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` bf16 each;
+  ``2 * Hkv * hd * kv_bytes`` per token per layer, + ``S`` landmarks of ``Hkv * hd`` elements in the server's
+  landmark dtype (``landmark_element_bytes``; bfloat16 by default);
 - time = max(FLOPs / peak FLOP/s, bytes / HBM bytes/s) + the hardware's fitted per-step costs times their
   counts (``step_fit.py``: per step, per request, per layer, per TFLOP of the linear layers, per GB of KV
   read on the CUDA-core decode per GB the batch holds, and for a step that selects pages per sparse layer, per
@@ -33,11 +34,12 @@ import numpy as np
 from sparrow_server.cost.hardware import HARDWARE_PRESETS, DEFAULT_HARDWARE, Hardware
 from sparrow_server.cost.model_shape import ModelShape
 from sparrow_server.cost.step_fit import STEP_COST_TERMS, step_cost_counts
+from sparrow_server.kernels import DEFAULT_LANDMARK_DTYPE, LANDMARK_STORAGE_DTYPES
 from sparrow_server.sparsity.schedule import Schedule, dense_schedule
 
 DEFAULT_DECODE_BATCH = 64
 DEFAULT_SAMPLES = 8  # generations per prompt (the paper's N)
-LANDMARK_BYTES = 2  # landmarks accumulate in fp32 and are stored in bf16, as in the reference
+LANDMARK_BYTES = 2  # a landmark element in DEFAULT_LANDMARK_DTYPE, bfloat16 (accumulated in fp32, as in the reference)
 # SGLang decodes bf16 KV on FlashInfer's tensor-core kernel from a GQA group of 4 (should_use_tensor_core,
 # flashinfer_backend.py), below it on the CUDA-core kernel; the sparse layers take the same choice
 # (docs/gpu-serving.md). Only the CUDA-core decode pays step_fit's cuda_core_kv_s.
@@ -48,6 +50,7 @@ def landmark_element_bytes(dtype: str, head_dim: int) -> float:
     """Bytes the scoring reads per landmark element stored in ``dtype`` (a server's SPARROW_LANDMARK_DTYPE): float8
     adds its float32 scale per page and KV head (``kernels.reference.store_landmarks``), 4 / head_dim an element."""
     per = {"bfloat16": 2.0, "float32": 4.0, "float8_e4m3fn": 1.0 + 4.0 / head_dim}
+    assert set(per) == set(LANDMARK_STORAGE_DTYPES), "a landmark dtype the kernels store has no size here"
     if dtype not in per:
         raise ValueError(f"landmark dtype {dtype!r}: one of {sorted(per)}")
     return per[dtype]
@@ -164,11 +167,12 @@ def step_flops_and_bytes(
 
 
 def step_roofline_and_counts(
-    model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0
+    model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0,
+    landmark_bytes: float = LANDMARK_BYTES,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Roofline seconds of decode steps at each length, and what each fitted per-step cost multiplies
     (``step_fit.step_cost_counts``): [S] -> ([S], [S, len(STEP_COST_TERMS)])."""
-    flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len)
+    flops, nbytes = step_flops_and_bytes(model, schedule, lengths, batch, prompt_len, landmark_bytes)
     roofline = np.maximum(flops / hardware.peak_flops, nbytes.total / hardware.mem_bytes_per_s)
     lengths = np.atleast_1d(np.asarray(lengths, dtype=np.int64))
     _, scored = _attended_and_scored(schedule, lengths, prompt_len)
@@ -180,10 +184,11 @@ def step_roofline_and_counts(
                                       (nbytes.kv + nbytes.landmarks) * cuda_cores, held)
 
 
-def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0):
+def step_time_s(model: ModelShape, schedule: Schedule, lengths, batch: int, hardware: Hardware, prompt_len: int = 0,
+                landmark_bytes: float = LANDMARK_BYTES):
     """Roofline time of decode steps of ``batch`` requests at each length, plus the hardware's fitted
     per-step costs: [S] -> [S] seconds."""
-    roofline, counts = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len)
+    roofline, counts = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len, landmark_bytes)
     return roofline + counts @ hardware.step_costs
 
 
@@ -205,7 +210,7 @@ def rollout_waves(requests: int, tokens_per_request: int, kv_pool_tokens: int | 
 
 def rollout_decode_roofline_and_counts(
     model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, requests: int, hardware: Hardware,
-    kv_pool_tokens: int | None = None, max_running: int | None = None,
+    kv_pool_tokens: int | None = None, max_running: int | None = None, landmark_bytes: float = LANDMARK_BYTES,
 ) -> tuple[float, np.ndarray, list[int]]:
     """Decode of ``requests`` requests of ``prompt_len`` + ``gen_len`` tokens, in the waves the KV pool admits
     (``rollout_waves``), each wave's requests in lockstep through every length ``prompt_len + 1 ..
@@ -215,7 +220,7 @@ def rollout_decode_roofline_and_counts(
     waves = rollout_waves(requests, prompt_len + gen_len, kv_pool_tokens, max_running)
     roofline, counts = 0.0, np.zeros(len(STEP_COST_TERMS))
     for batch in waves:
-        roof, c = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len)
+        roof, c = step_roofline_and_counts(model, schedule, lengths, batch, hardware, prompt_len, landmark_bytes)
         roofline, counts = roofline + float(roof.sum()), counts + c.sum(axis=0)
     return roofline, counts, waves
 
@@ -232,13 +237,13 @@ def prefill_time_s(model: ModelShape, prompt_len: int, hardware: Hardware) -> fl
 
 def decode_time_per_request_s(
     model: ModelShape, schedule: Schedule, prompt_len: int, gen_len: int, hardware: Hardware, batch: int,
-    kv_pool_tokens: int | None = None,
+    kv_pool_tokens: int | None = None, landmark_bytes: float = LANDMARK_BYTES,
 ) -> float:
     """Decode time of ``batch`` concurrent requests (in the waves a KV pool of ``kv_pool_tokens`` admits,
     ``rollout_waves``) divided by ``batch``: with one wave, the sum over a generation's steps of step time /
     batch."""
     roofline, counts, _ = rollout_decode_roofline_and_counts(model, schedule, prompt_len, gen_len, batch, hardware,
-                                                             kv_pool_tokens)
+                                                             kv_pool_tokens, landmark_bytes=landmark_bytes)
     return float((roofline + counts @ hardware.step_costs) / batch)
 
 
@@ -251,9 +256,11 @@ def rollout_estimate(
     hardware: Hardware | None = None,
     batch: int = DEFAULT_DECODE_BATCH,
     kv_pool_tokens: int | None = None,
+    landmark_dtype: str = DEFAULT_LANDMARK_DTYPE,
 ) -> RolloutEstimate:
     """Dense vs ``schedule`` cost of one rollout group (see the module docstring). ``batch`` requests decode
-    together, in the waves a KV pool of ``kv_pool_tokens`` tokens admits (no limit when None)."""
+    together, in the waves a KV pool of ``kv_pool_tokens`` tokens admits (no limit when None); the sparse server
+    stores its landmarks in ``landmark_dtype`` (its SPARROW_LANDMARK_DTYPE)."""
     for field_name, value, minimum in (("prompt_len", prompt_len, 0), ("gen_len", gen_len, 1), ("samples", samples, 1),
                                        ("batch", batch, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -263,8 +270,9 @@ def rollout_estimate(
         raise ValueError(f"kv_pool_tokens = {kv_pool_tokens!r}: must be an integer >= prompt_len + gen_len "
                          f"({prompt_len + gen_len}), one request at full length")
     hardware = hardware or HARDWARE_PRESETS[DEFAULT_HARDWARE]
+    landmark_bytes = landmark_element_bytes(landmark_dtype, model.head_dim)
     decode = lambda sched: decode_time_per_request_s(  # noqa: E731
-        model, sched, prompt_len, gen_len, hardware, batch, kv_pool_tokens)
+        model, sched, prompt_len, gen_len, hardware, batch, kv_pool_tokens, landmark_bytes)
     return RolloutEstimate(
         prefill_s=prefill_time_s(model, prompt_len, hardware),
         dense_decode_s=decode(dense_schedule()),
@@ -284,9 +292,11 @@ def predicted_speedup(
     hardware: Hardware | None = None,
     batch: int = DEFAULT_DECODE_BATCH,
     kv_pool_tokens: int | None = None,
+    landmark_dtype: str = DEFAULT_LANDMARK_DTYPE,
 ) -> float:
     """Predicted rollout speedup (dense time / sparse time) of ``schedule``, integrated over the generation."""
-    return rollout_estimate(model, schedule, prompt_len, gen_len, samples, hardware, batch, kv_pool_tokens).speedup
+    return rollout_estimate(model, schedule, prompt_len, gen_len, samples, hardware, batch, kv_pool_tokens,
+                            landmark_dtype).speedup
 
 
 def roofline_bytes(

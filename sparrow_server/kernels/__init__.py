@@ -27,6 +27,9 @@
 # Landmark dtypes the kernels take (GPU-tested) and a server offers (SPARROW_LANDMARK_DTYPE); float8 is stored scaled
 # (``reference.store_landmarks``).
 LANDMARK_STORAGE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
+# A server's unless SPARROW_LANDMARK_DTYPE says otherwise, and what the cost model assumes: float8 halves the scoring's
+# read, but its acceptance on a real Qwen3 is unmeasured (benchmarks/results/speed/call43/README.md).
+DEFAULT_LANDMARK_DTYPE = "bfloat16"
 SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "fine_hist40", "short8_hist40",
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
                    "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",

@@ -9,7 +9,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sparrow_server.kernels import DEFAULT_SELECT_VARIANT, LANDMARK_STORAGE_DTYPES, SELECT_VARIANTS
+from sparrow_server.kernels import (
+    DEFAULT_LANDMARK_DTYPE, DEFAULT_SELECT_VARIANT, LANDMARK_STORAGE_DTYPES, SELECT_VARIANTS,
+)
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
 BACKEND_NAME = "sparrow"
@@ -36,10 +38,10 @@ DEFAULT_SCHEDULE = "dense"
 # above it are clamped (and counted). The fused select kernel has no static width, so by default
 # there is no cap beyond the context length.
 DEFAULT_TOPK_CAP_TOKENS = 1 << 20
-DEFAULT_LANDMARK_DTYPE = "bfloat16"
-# float32: the oracle's landmarks, for tests. float8_e4m3fn: half bfloat16's read in the scoring, each (page, KV head)
-# landmark stored with a power-of-two scale (kernels.reference.store_landmarks; unscaled, a dummy-weight server's keys
-# of ~1e-3 rounded to zero and it decoded 3.6-5.7% slower: benchmarks/results/speed/call42/README.md).
+# Landmark dtypes beside the default (kernels.DEFAULT_LANDMARK_DTYPE, bfloat16): float32, the oracle's, for tests;
+# float8_e4m3fn, half bfloat16's read in the scoring, each (page, KV head) landmark stored with a power-of-two scale
+# (kernels.reference.store_landmarks; unscaled, a dummy-weight server's keys of ~1e-3 rounded to zero and it decoded
+# 3.6-5.7% slower: benchmarks/results/speed/call42/README.md).
 LANDMARK_DTYPES = LANDMARK_STORAGE_DTYPES
 DEFAULT_EXACT_STRIDE = 16
 DEFAULT_EXACT_MAX_MIB = 4096

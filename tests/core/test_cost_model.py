@@ -14,7 +14,7 @@ from sparrow_server.cost.model_shape import (
 from sparrow_server.cost.paper import appendix_f_attention_term, dense_cost, paper_cost, sparse_cost
 from sparrow_server.cost.roofline import (
     LANDMARK_BYTES, landmark_element_bytes, predicted_speedup, rollout_estimate, rollout_waves, roofline_bytes,
-    step_flops_and_bytes,
+    step_flops_and_bytes, step_time_s,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry
 from sparrow_server.sparsity.schedule import Schedule, budget_tokens, dense_schedule
@@ -238,6 +238,43 @@ def test_landmark_element_bytes_cover_the_server_s_dtypes():
     assert [landmark_element_bytes(d, 128) for d in LANDMARK_DTYPES] == [2.0, 4.0, 1.03125]
     with pytest.raises(ValueError, match="int8"):
         landmark_element_bytes("int8", 128)
+
+
+def test_landmark_dtype_prices_the_scoring_s_bytes(capsys):
+    """The sparse server's landmark dtype (``--landmark-dtype``, its SPARROW_LANDMARK_DTYPE) costs the bytes its
+    scoring reads: on the pure roofline a decode step differs by exactly those bytes at the bandwidth; the fitted
+    preset keeps the order; the dense server reads no landmarks. The CLI reports the dtype it priced."""
+    from sparrow_server.cli import main
+    from sparrow_server.kernels import DEFAULT_LANDMARK_DTYPE, LANDMARK_STORAGE_DTYPES
+
+    model, hardware = MODEL_PRESETS["qwen3-1.7b"], HARDWARE_PRESETS["h200"]
+    schedule = ScheduleRegistry.load().get("qwen3-1.7b-0.86")
+    lengths, batch, prompt = [32_768 + 128, 36_000], 16, 32_768
+    per_element = {d: landmark_element_bytes(d, model.head_dim) for d in LANDMARK_STORAGE_DTYPES}
+    roof = hardware.roofline()
+    for dtype in ("float8_e4m3fn", "float32"):
+        landmarks = {d: step_flops_and_bytes(model, schedule, lengths, batch, prompt, per_element[d])[1].landmarks
+                     for d in (dtype, DEFAULT_LANDMARK_DTYPE)}
+        step = {d: step_time_s(model, schedule, lengths, batch, roof, prompt, per_element[d])
+                for d in (dtype, DEFAULT_LANDMARK_DTYPE)}
+        assert step[dtype] - step[DEFAULT_LANDMARK_DTYPE] == pytest.approx(
+            (landmarks[dtype] - landmarks[DEFAULT_LANDMARK_DTYPE]) / roof.mem_bytes_per_s, rel=1e-9)
+    est = {d: rollout_estimate(model, schedule, 1024, 16_384, samples=1, hardware=hardware, batch=64, landmark_dtype=d)
+           for d in LANDMARK_STORAGE_DTYPES}
+    assert len({e.dense_decode_s for e in est.values()}) == 1
+    assert est["float8_e4m3fn"].sparse_decode_s < est["bfloat16"].sparse_decode_s < est["float32"].sparse_decode_s
+    assert rollout_estimate(model, schedule, 1024, 16_384, 1, hardware, 64) == est[DEFAULT_LANDMARK_DTYPE]
+    args = ["cost", "--model", "qwen3-1.7b", "--schedule", "qwen3-1.7b-0.86", "--prompt-len", "1024", "--gen-len",
+            "16384", "--samples", "1", "--batch", "64", "--json"]
+    assert main(args + ["--landmark-dtype", "float8_e4m3fn"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["landmark_dtype"] == "float8_e4m3fn"
+    assert out["sparse_tokens_per_s"] == pytest.approx(est["float8_e4m3fn"].sparse_tokens_per_s, rel=1e-12)
+    with pytest.raises(SystemExit) as exc:
+        main(args + ["--landmark-dtype", "int8"])
+    assert exc.value.code == 2 and "--landmark-dtype" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="int8"):
+        rollout_estimate(model, schedule, 1024, 16_384, 1, hardware, 64, landmark_dtype="int8")
 
 
 def test_paper_formulas():
