@@ -302,13 +302,13 @@ def _row_launch(q, landmarks, landmark_scales, req_to_token, rpi, cand_lo, cand_
     bins = radix_bins(variant, b * h, out) if select else cand_lo
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _row_kernel[(b * h,)](
-        q, landmarks, landmarks if landmark_scales is None else landmark_scales, landmarks if k_buf is None else k_buf, cand_lo if cache_loc is None else cache_loc, scores,
-        scores.shape[1], req_to_token, rpi, field("n_pages"), field("count"), field("sink"), field("k"), cand_lo,
-        cand_hi, row_indptr, out, bins, req_to_token.stride(0), q.stride(0), q if q_out is None else q_out, kin, vin,
-        kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES,
-        UPDATE=k_buf is not None, SELECT=select is not None, HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted,
-        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, SCALED=landmark_scales is not None, **consts,
-        **options)
+        q, landmarks, landmarks if landmark_scales is None else landmark_scales, landmarks if k_buf is None else k_buf,
+        cand_lo if cache_loc is None else cache_loc, scores, scores.shape[1], req_to_token, rpi, field("n_pages"),
+        field("count"), field("sink"), field("k"), cand_lo, cand_hi, row_indptr, out, bins, req_to_token.stride(0),
+        q.stride(0), q if q_out is None else q_out, kin, vin, kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d,
+        PS=page_size, BLOCK_P=ROW_BLOCK_P, STAGES=ROW_STAGES, UPDATE=k_buf is not None, SELECT=select is not None,
+        HOIST=TOPK_VARIANTS[resolve_variant(variant)].hoisted, COPY_Q=q_out is not None, STORE_KV=store_kv is not None,
+        SCALED=landmark_scales is not None, **consts, **options)
 
 
 def score_and_select(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_indices: Tensor, fields: dict,
@@ -413,9 +413,9 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _score_kernel[(b, nprog)](
         q, landmarks, landmark_scales if scaled else landmarks, k_buf if update else landmarks,
-        cache_loc if update else cand_lo, req_to_token, req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0), out.shape[1], q.stride(0),
-        q if q_out is None else q_out, kin, vin, kin.stride(0), vin.stride(0), v_buf, H=h, G=hq // h, D=d, PS=page_size,
-        BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1", UPDATE=update, LM_BLOCK=triton.next_power_of_2(h * d),
-        COPY_Q=q_out is not None, STORE_KV=store_kv is not None, SCALED=scaled, num_warps=8,
-        **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
+        cache_loc if update else cand_lo, req_to_token, req_pool_indices, cand_lo, cand_hi, out, req_to_token.stride(0),
+        out.shape[1], q.stride(0), q if q_out is None else q_out, kin, vin, kin.stride(0), vin.stride(0), v_buf, H=h,
+        G=hq // h, D=d, PS=page_size, BLOCK_P=SCORE_BLOCK_P, NPROG=nprog, EVEN=variant != "v1", UPDATE=update,
+        LM_BLOCK=triton.next_power_of_2(h * d), COPY_Q=q_out is not None, STORE_KV=store_kv is not None, SCALED=scaled,
+        num_warps=8, **({} if variant == "v1" else {"maxnreg": SCORE_MAXNREG}))
     return out
