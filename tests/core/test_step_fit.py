@@ -200,3 +200,17 @@ def test_committed_fit_report_is_current():
     with contextlib.redirect_stdout(out):
         assert fsc.main([]) == 0
     assert (REPO / "benchmarks" / "results" / "cost_fit.md").read_text() == out.getvalue()
+
+
+def test_committed_cost_drift_report_is_current():
+    """benchmarks/results/cost_drift.md (the preset against the runs after its fit, and float8's predicted gain next
+    to the measured one) is what benchmarks/cost_drift.py prints from the committed data."""
+    import contextlib
+    import io
+
+    import cost_drift
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cost_drift.main() == 0
+    assert (REPO / "benchmarks" / "results" / "cost_drift.md").read_text() == out.getvalue()
