@@ -131,12 +131,13 @@ def markdown(res: dict) -> str:
     return "\n".join(out)
 
 
-def profile_backend(backend, size, args, schedule, work_dir, out_dir) -> dict:
+def profile_backend(backend, size, args, schedule, work_dir, out_dir, env_extra: dict | None = None) -> dict:
+    """The profile of one server; ``env_extra`` goes to the server's environment (``replay_timing.py``'s hook)."""
     cfg = S.qwen3_config(size)
     model_dir = S.write_config(work_dir / size, cfg)
     log = out_dir / f"server-profile-{backend}.log"
     env = {"SPARROW_DEFAULT_SCHEDULE": schedule.name, "SPARROW_TOPK_CAP_TOKENS": str(max(schedule.budgets_tokens)),
-           "SGLANG_TORCH_PROFILER_DIR": str(work_dir / f"prof-{backend}")}
+           "SGLANG_TORCH_PROFILER_DIR": str(work_dir / f"prof-{backend}"), **(env_extra or {})}
     srv = S.Server(model_dir, T.SERVER_ARGS + args.server_args + ["--attention-backend", backend,
                                                                   "--context-length", str(args.context_length)],
                    log, port=args.port or S.free_port(), env=env)
