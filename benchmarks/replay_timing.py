@@ -21,6 +21,8 @@ import tempfile
 from pathlib import Path
 
 HOOK_DIR = Path(__file__).resolve().parent / "replay_timing_hook"
+# Unprofiled replays on either side of the profiled ones that the report sets beside them.
+NEIGHBOURS = 20
 COLUMNS = ("wall", "graph", "profiled", "gpu_us", "host_us", "since_prev_us")
 
 
@@ -61,6 +63,12 @@ def summary(rows: list[dict], kernels: list[dict], step_us: float | None) -> dic
            "served_step_us": round(step_us, 1) if step_us else None}
     if out["gpu_us_unprofiled"] is not None and kernels:
         out["unprofiled_minus_busy_us"] = round(out["gpu_us_unprofiled"] - busy, 1)
+    if on:  # the replays at the profiled ones' context: the profiler pauses the card, which then clocks up
+        first, last = mine.index(on[0]), mine.index(on[-1])
+        before, after = mine[max(0, first - NEIGHBOURS):first], mine[last + 1:last + 1 + NEIGHBOURS]
+        out["gpu_us_just_before_profile"], out["gpu_us_just_after_profile"] = med(before, "gpu_us"), med(after, "gpu_us")
+        if before and kernels:
+            out["just_before_minus_busy_us"] = round(out["gpu_us_just_before_profile"] - busy, 1)
     return out
 
 
