@@ -84,3 +84,4 @@ def test_committed_clock_report_is_what_the_script_prints(monkeypatch):
     table = out.getvalue().split("\n\n")[0]
     assert table.count("\n") == 12  # header, rule, 11 windows of 250 of the 2,995 replays
     assert (CALL45 / "replay_clocks.md").read_text().endswith(out.getvalue())
+
