@@ -23,6 +23,7 @@ Semantics (and shapes) are those of ``sparrow_server.kernels.reference``.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -349,6 +350,14 @@ def copies_query(variant: str | None) -> bool:
     (``TopKVariant.copies_query``: in its fused launch, or past its rows in the split scoring's first program of
     each request): the backend then needs no copy kernel of its own, at any batch."""
     return TOPK_VARIANTS[resolve_variant(variant)].copies_query
+
+
+def query_copy(q: Tensor, variant: str | None) -> Tensor | None:
+    """The contiguous twin ``q_out`` that ``score_and_select`` copies ``q`` into for the attention where ``variant``
+    copies the query, else None. At every batch size alike, also where ``q`` reads as contiguous already: one
+    request's slice of the QKV output does (PyTorch ignores a size-1 dimension's stride), and a launch without the
+    copy is another compile of the kernel, ~20 s of every sparse server's start (call 45, batch 1's graph)."""
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device) if copies_query(variant) else None
 
 
 def stores_kv(variant: str | None) -> bool:
