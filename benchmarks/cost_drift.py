@@ -62,8 +62,12 @@ def drift() -> list[str]:
             + head + _error_rows(later, refit))
 
 
+def _runs(call: str) -> list[dict]:
+    return json.loads((fsc.RESULTS / call / "sglang_throughput.json").read_text())["runs"]
+
+
 def _measured_sparse_tok_s(call: str) -> dict[int, float]:
-    runs = json.loads((fsc.RESULTS / call / "sglang_throughput.json").read_text())["runs"]
+    runs = _runs(call)
     return {r["batch"]: r["sparse_tok_s"] for r in runs if r["workload"] == "decode_ctx" and r["context"] == 32768}
 
 
@@ -84,8 +88,7 @@ def float8_gain() -> list[str]:
 
 
 def _sparse_rollout(call: str) -> dict:
-    runs = json.loads((fsc.RESULTS / call / "sglang_throughput.json").read_text())["runs"]
-    (run,) = [r for r in runs if r["workload"] == "rollout"]
+    (run,) = [r for r in _runs(call) if r["workload"] == "rollout"]
     return run
 
 

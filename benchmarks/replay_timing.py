@@ -20,6 +20,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import replay_gaps  # noqa: E402
+
 HOOK_DIR = Path(__file__).resolve().parent / "replay_timing_hook"
 # Unprofiled replays on either side of the profiled ones that the report sets beside them.
 NEIGHBOURS = 20
@@ -83,7 +87,6 @@ def markdown(res: dict) -> str:
 
 
 def backend_timing(backend: str, out_dir: Path, batch: int) -> dict:
-    import replay_gaps
     kernels_path = out_dir / f"replay-kernels-{backend}.json"
     kernels = json.loads(kernels_path.read_text()) if kernels_path.exists() else []
     step = replay_gaps.served_step_us(out_dir / f"server-profile-{backend}.log", batch)
@@ -105,7 +108,6 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--from-dir", default=None, help="rebuild the report from a run's folder")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     out_dir = Path(args.from_dir or args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     res = {"command": " ".join(sys.argv), "size": args.size, "context": args.context, "batch": args.batch,
@@ -114,7 +116,6 @@ def main() -> int:
         import decode_profile
         from sparrow_server.sparsity.registry import ScheduleRegistry
         args.server_args = args.server_args.split()
-        args.from_kernels = None
         schedule = ScheduleRegistry().get(f"{args.size}-{args.schedule_suffix}")
         work_dir = Path(tempfile.mkdtemp(prefix="sparrow-replay-"))
         for backend in args.backends.split(","):

@@ -352,12 +352,12 @@ def copies_query(variant: str | None) -> bool:
     return TOPK_VARIANTS[resolve_variant(variant)].copies_query
 
 
-def query_copy(q: Tensor, variant: str | None) -> Tensor | None:
-    """The contiguous twin ``q_out`` that ``score_and_select`` copies ``q`` into for the attention where ``variant``
-    copies the query, else None. At every batch size alike, also where ``q`` reads as contiguous already: one
+def query_copy(q: Tensor, copies: bool) -> Tensor | None:
+    """The contiguous twin ``q_out`` that ``score_and_select`` copies ``q`` into for the attention where the variant
+    copies the query (``copies``: its ``copies_query``), else None. At every batch size alike, also where ``q`` reads as contiguous already: one
     request's slice of the QKV output does (PyTorch ignores a size-1 dimension's stride), and a launch without the
     copy is another compile of the kernel, ~20 s of every sparse server's start (call 45, batch 1's graph)."""
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device) if copies_query(variant) else None
+    return torch.empty(q.shape, dtype=q.dtype, device=q.device) if copies else None
 
 
 def stores_kv(variant: str | None) -> bool:

@@ -23,11 +23,11 @@ def _query_slice(batch: int) -> torch.Tensor:
 def test_a_copying_variant_copies_at_every_batch_size(batch):
     q = _query_slice(batch)
     assert q.is_contiguous() == (batch == 1)  # why a decision by contiguity split batch 1 from the others
-    q_out = K.query_copy(q, "fused_kvstore_narrow")
+    q_out = K.query_copy(q, K.copies_query("fused_kvstore_narrow"))
     assert q_out is not None and q_out.shape == q.shape and q_out.dtype == q.dtype and q_out.is_contiguous()
     K._check_query_copy(q, q_out)  # the launch's own check of the pair
 
 
 def test_a_variant_that_does_not_copy_gets_no_buffer():
     assert not K.copies_query("fused_hoisted_narrow")
-    assert K.query_copy(_query_slice(2), "fused_hoisted_narrow") is None
+    assert K.query_copy(_query_slice(2), K.copies_query("fused_hoisted_narrow")) is None

@@ -118,8 +118,9 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
         self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
-        # the selection's launch stores the step's K and V itself where its variant does and the pool is plain:
-        # decided once here, not per layer
+        # the selection's launch copies the query for the attention, and stores the step's K and V itself where its
+        # variant does and the pool is plain: decided once here, not per layer
+        self.copies_query = K.copies_query(self.select_variant)
         self.stores_kv = K.stores_kv(self.select_variant) and plain_token_major_pool(self.token_to_kv_pool)
         # FlashInfer's KV split of the sparse plans (eager, graph): batch-invariant under deterministic inference
         self.split_eager, self.split_graph = backend_splits(self, self.page_size)
@@ -291,7 +292,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.head_dim)  # SGLang's q: a slice of the QKV output, strided
         # the attention reads a contiguous query: the selection's launch writes it where its variant copies the
         # query (no copy kernel of its own; at every batch size, so one compiled launch), else q.contiguous()
-        q_out = K.query_copy(q3, self.select_variant)
+        q_out = K.query_copy(q3, self.copies_query)
         if q_out is None:
             q3 = q3.contiguous()
         rpi = forward_batch.req_pool_indices
