@@ -32,7 +32,7 @@ PRESET = "h200"
 LATER_RUNS = ("speed/call28/rolloutA/out", "speed/call29/rolloutB_33/out", "speed/call29/rolloutA_4b/out",
               "speed/call30/rolloutA_8b/out", "speed/call33/rolloutA/rolloutA", "speed/call39/decode32k/decode32k",
               "speed/call44/nocompile_decode32k/decode32k_nocompile",
-              "speed/call45/3_dense_clocks_sparse_rollout/rolloutA_sparse")
+              "speed/call45/3_dense_clocks_sparse_rollout/rolloutA_sparse", "speed/call46/1_decode32k_capture/decode32k")
 # Call 43 on one H200: the dense server, the sparse one with float8 landmarks, then the sparse one with bfloat16.
 FLOAT8_RUNS = {"float8_e4m3fn": "speed/call43/float8_served/decode32k_fp8",
                "bfloat16": "speed/call43/float8_served/decode32k_bf16"}
