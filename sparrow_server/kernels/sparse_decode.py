@@ -354,9 +354,10 @@ def copies_query(variant: str | None) -> bool:
 
 def query_copy(q: Tensor, copies: bool) -> Tensor | None:
     """The contiguous twin ``q_out`` that ``score_and_select`` copies ``q`` into for the attention where the variant
-    copies the query (``copies``: its ``copies_query``), else None. At every batch size alike, also where ``q`` reads as contiguous already: one
-    request's slice of the QKV output does (PyTorch ignores a size-1 dimension's stride), and a launch without the
-    copy is another compile of the kernel (call 45: batch 1's graph capture paused 19-21 s, presumably that)."""
+    copies the query (``copies``: its ``copies_query``), else None. At every batch size alike, also where ``q`` reads
+    as contiguous already: one request's slice of the QKV output does (PyTorch ignores a size-1 dimension's stride),
+    and a launch without the copy is another compile of the kernel (batch 1's 19-21 s capture pause in call 45, gone
+    in call 46: ``benchmarks/results/speed/call46/capture_times.md``)."""
     return torch.empty(q.shape, dtype=q.dtype, device=q.device) if copies else None
 
 

@@ -1,8 +1,8 @@
 """The query copy the sparse backend asks of the selection's launch is the same at every batch size: one request's
 slice of the QKV output reads as contiguous (PyTorch ignores a size-1 dimension's stride), and deciding by
-``is_contiguous`` made batch 1's graph a launch without the copy, another compile of the kernel (presumably the ~20 s
-compile pause of batch 1's graph capture in call 45). The copying launch reads that slice and copies it exactly: the interpreter case
-``test_query_copy_reads_a_strided_query_and_copies_it`` in ``sparse_kernel_cases.py``."""
+``is_contiguous`` made batch 1's graph a launch without the copy, another compile of the kernel (the ~20 s compile
+pause of batch 1's graph capture in call 45, gone in call 46). The copying launch reads that slice and copies it
+exactly: the interpreter case ``test_query_copy_reads_a_strided_query_and_copies_it`` in ``sparse_kernel_cases.py``."""
 from __future__ import annotations
 
 import pytest
