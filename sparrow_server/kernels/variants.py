@@ -111,6 +111,10 @@ class TopKVariant:
     # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
     # pool is a plain token-major one of the key's dtype. Call 35 (one H200, sparse server alone): 32K x 16 +0.94%.
     stores_kv: bool = False
+    # Past the fused rows, the scoring streamed (``stream_scores``): a fixed grid of a few programs an SM splits every
+    # row's candidate tiles evenly and streams its share through the fused row's pipelined loop, where the split grid
+    # runs a program per 32 pages of a request (most of them idle at 16K) that waits a latency a KV head.
+    streams_scores: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -170,7 +174,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_qcopy_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
-                                                 hoisted=True, copies_query=True, stores_kv=True)}
+                                                 hoisted=True, copies_query=True, stores_kv=True),
+                 "fused_stream_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
+                                                hoisted=True, copies_query=True, stores_kv=True, streams_scores=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
