@@ -68,21 +68,6 @@ def score_kernel_launch(variant: str, pcap: int, scaled: bool = False) -> tuple[
     return consts, {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
 
 
-STREAM_TYPES = {**SCORE_TYPES, "B": "i32"}
-
-
-def stream_kernel_launch(variant: str, batch: int, scaled: bool = False) -> tuple[dict, dict]:
-    """A streaming variant's scoring past its fused rows (``stream_scores``) as the server launches it at Qwen3-1.7B
-    shapes and ``batch`` requests (``scaled`` as ``row_kernel_launch``'s): (constants, options)."""
-    from sparrow_server.kernels import stream_scores as S
-
-    v = topk.TOPK_VARIANTS[variant]
-    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=S.STREAM_BLOCK_P, STAGES=K.ROW_STAGES,
-                  BMAX=triton.next_power_of_2(batch), UPDATE=True, LM_BLOCK=1024, COPY_Q=v.copies_query,
-                  STORE_KV=v.stores_kv, SCALED=scaled)
-    return consts, {"num_warps": S.STREAM_WARPS}
-
-
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
     """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
     return kernel_resources(compile_kernel(fn, types, consts, options, arch))

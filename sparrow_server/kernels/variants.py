@@ -111,10 +111,6 @@ class TopKVariant:
     # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
     # pool is a plain token-major one of the key's dtype. Call 35 (one H200, sparse server alone): 32K x 16 +0.94%.
     stores_kv: bool = False
-    # Past the fused rows, the scoring streamed (``stream_scores``): a fixed grid of a few programs an SM splits every
-    # row's candidate tiles evenly and streams its share through the fused row's pipelined loop, where the split grid
-    # runs a program per 32 pages of a request (most of them idle at 16K) that waits a latency a KV head.
-    streams_scores: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -174,9 +170,7 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_qcopy_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
-                                                 hoisted=True, copies_query=True, stores_kv=True),
-                 "fused_stream_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
-                                                hoisted=True, copies_query=True, stores_kv=True, streams_scores=True)}
+                                                 hoisted=True, copies_query=True, stores_kv=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -255,6 +249,14 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # 71.9 against the split launches' 65.0 us at 34 x 32K (its scoring alone 55.0 against 45.4) and 74.1 against 70.5
 # at 40; served at 32K x 34, sparse decode 3400.2 against 3471.1 tok/s (two cards at once); its GPU tests passed
 # (``benchmarks/results/speed/call39/kernel_wide3/``, code ``d263c89``).
+# Nor is the scoring past the fused rows streamed (``fused_stream_narrow``, code ``25c2b29``): a fixed grid of 4
+# programs an SM (528 on an H200), each an even share of every row's tiles (64 pages of one KV head) through the fused
+# row's pipelined loop, in place of the split grid's program per 32 pages of a request across its heads (2,720
+# programs at 34 x 32K; 5,120 at 64 x 16K, 3,072 of them idle). Call 47's bench, us of scoring, the split grid against
+# it: 45.8 / 45.9 at 34 x 32K, 52.5 / 51.1 at 34 x 36K, 45.0 / 43.1 and 24.6 / 25.6 at 64 x 16K and 8K, 50.8 / 53.4 at
+# 40 x 32K, 34.4 / 35.5 at 48 x 16K. Both grids read the landmarks at 2.6-3.3 TB/s: neither the split grid's idle
+# programs nor its one tile a program is what bounds it (nor the bytes: float8 scored as fast, call 43). Its GPU tests
+# passed and caught both of its breaks (``benchmarks/results/speed/call47/4_stream_scoring/``).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

@@ -5,7 +5,6 @@ variant's design rests on: two row programs share an SM, by registers and by sha
 from __future__ import annotations
 
 import importlib.util
-import re
 import sys
 from pathlib import Path
 
@@ -116,26 +115,3 @@ def test_the_phase_profile_kernel_compiles_with_its_timer_reads(hoist):
     # a round the early exit skips still stamps its histogram's end (in the other branch): more reads than stamps
     assert sass.count("SR_GLOBALTIMER") >= prof.STAMPS and sass.count("SR_CLOCK") >= prof.STAMPS, sass.count("SR_CLOCK")
     assert "STACK:0" in res.kernel_resources(kernel)
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("scaled", [False, True], ids=["bfloat16", "float8"])
-def test_streamed_score_kernel_compiles_for_sm90_at_its_programs_per_sm(scaled):
-    """The streamed scoring past the fused rows (``fused_stream_narrow``, at 34 requests) compiles for sm_90 with its
-    loop pipelined (stages - 1 landmark tiles in shared memory), unspilled, and STREAM_PROGRAMS_PER_SM of its programs
-    fit an SM by registers and by shared memory."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import selection_kernel_resources as res
-
-    from sparrow_server.kernels import sparse_decode as K
-    from sparrow_server.kernels import stream_scores as S
-
-    consts, options = res.stream_kernel_launch("fused_stream_narrow", 34, scaled)
-    types = {**res.STREAM_TYPES, **(res.FLOAT8_LANDMARK_TYPES if scaled else {})}
-    kernel = res.compile_kernel(S._stream_score_kernel, types, consts, options, 90)
-    line = res.kernel_resources(kernel).replace(" ", "")
-    registers, stack = (int(re.search(f"{key}:(\\d+)", line).group(1)) for key in ("REG", "STACK"))
-    assert S.STREAM_PROGRAMS_PER_SM * registers * options["num_warps"] * 32 <= SM_REGISTERS, line
-    assert S.STREAM_PROGRAMS_PER_SM * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
-    assert kernel.metadata.shared >= (K.ROW_STAGES - 1) * S.STREAM_BLOCK_P * 128 * (1 if scaled else 2)
-    assert stack <= 8, line  # the bfloat16 build keeps 8 bytes (Triton 3.6's offline sm_90 compile), no spill
