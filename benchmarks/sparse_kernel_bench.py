@@ -31,6 +31,9 @@ Usage (GPU host): python benchmarks/sparse_kernel_bench.py --out results.json
   A fixed split (``tensor-cores:split=N``) that outgrows the graph plan's work list is recorded as an error there.
   A server replays a batch at SGLang's next captured size (33-34 requests at 40, the rest one-page rows): bench
   that size to see the plan it runs.
+  Each case also times read-only passes over the landmark rows the scoring reads (``landmark_reads``: gathered
+  through ``req_to_token`` as the scoring finds them, and as many from one contiguous run; ``landmark_read.py``), the
+  scoring's floor for where the pages lie.
 """
 from __future__ import annotations
 
@@ -270,6 +273,12 @@ def bench_case(pool, ctx: int, schedule, max_context: int, ws, copy_tbps: float,
         res.update({"same_indices": bool(torch.equal(indices, first)), "score_TBps": tbps(lm_bytes, res["score_us"]),
                     "selection_over_landmark_read": round(res["selection_us"] / landmark_read_us, 2)})
         out["variants"][v] = res
+    try:  # the scoring's floor: read-only passes over the same landmark rows (landmark_read.py)
+        from landmark_read import timed_reads
+
+        out["landmark_reads"] = timed_reads(layer, graph_us)
+    except Exception as exc:
+        out["landmark_reads"] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
     kv_sel = b * H * int(plan.count[0]) * PS * D * 2 * 2
     kv_dense = b * ctx * H * D * 2 * 2
     out.update({"bytes_selected_kv": kv_sel, "bytes_dense_kv": kv_dense, "attention": {}})

@@ -631,3 +631,35 @@ def test_sub_row_queries_give_each_sub_row_its_own_rows_query():
         for c in range(3):
             assert torch.equal(out[1 + r * 3 + c], q[r]), (r, c)
     assert sub_row_queries(q, 2, 1).shape == (11, 2, 8)
+
+
+@pytest.mark.parametrize("placement", ["random", "contiguous"])
+def test_landmark_read_bench_reads_the_rows_the_scoring_reads(placement):
+    """``benchmarks/landmark_read.py`` (the kernel bench's read-only floor for the scoring): its gather sums exactly
+    the landmark rows of each request's candidate pages (every KV head), its linear pass as many rows from one
+    contiguous run per request, each program its even share (requests of 70, 9 and 33 candidates, whose pages the
+    programs' shares split, and a dense request with none)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import landmark_read
+
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (70, 9, 33)] + [700]
+    case = _case(lengths, seed=30, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32, placement=placement)
+    schedules = [fixed_budget_schedule(b) for b in (16, 4, 8)] + [dense_schedule()]
+    plan = plan_for(case, schedules, topk_cap_pages=16)
+    lm = torch.randn(case.k_buf.shape[0] // PS, 2, 16, generator=torch.Generator().manual_seed(30))
+    lo, hi = torch.from_numpy(plan.cand_lo.astype("int32")), torch.from_numpy(plan.cand_hi.astype("int32"))
+    n = hi - lo
+    assert (n == 0).any() and int(n[0]) > 2 * landmark_read.READ_BLOCK_P, n
+    got = landmark_read.row_sums(lm, case.req_to_token, case.rpi, lo, hi, PS, linear=False)
+    lin = landmark_read.row_sums(lm, case.req_to_token, case.rpi, lo, hi, PS, linear=True)
+    base = landmark_read.linear_bases(lm, lo, hi)
+    for b in range(len(lengths)):
+        j = torch.arange(int(lo[b]), int(hi[b]))
+        pages = case.req_to_token[case.rpi[b], j * PS].long() // PS
+        torch.testing.assert_close(got[b].sum(), lm[pages].sum(), rtol=1e-5, atol=1e-4)
+        run = torch.arange(int(base[b]), int(base[b]) + int(n[b]))
+        torch.testing.assert_close(lin[b].sum(), lm[run].sum(), rtol=1e-5, atol=1e-4)
+    assert got.shape == (len(lengths), landmark_read.read_programs(len(lengths), lm.device))

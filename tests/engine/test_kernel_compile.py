@@ -115,3 +115,20 @@ def test_the_phase_profile_kernel_compiles_with_its_timer_reads(hoist):
     # a round the early exit skips still stamps its histogram's end (in the other branch): more reads than stamps
     assert sass.count("SR_GLOBALTIMER") >= prof.STAMPS and sass.count("SR_CLOCK") >= prof.STAMPS, sass.count("SR_CLOCK")
     assert "STACK:0" in res.kernel_resources(kernel)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("linear", [False, True], ids=["gather", "linear"])
+def test_landmark_read_kernel_compiles_for_sm90_pipelined(linear):
+    """The kernel bench's read-only floor for the scoring (``benchmarks/landmark_read.py``) compiles for sm_90 with its
+    loop pipelined (stages - 1 tiles of bf16 landmark rows in shared memory), so that it reads as a streaming kernel."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import landmark_read as L
+    import selection_kernel_resources as res
+
+    types = dict(lm_ptr="*bf16", r2t_ptr="*i32", rpi_ptr="*i64", lo_ptr="*i32", hi_ptr="*i32", base_ptr="*i32",
+                 out_ptr="*fp32", r2t_stride="i32")
+    consts = dict(NPROG=16, PS=16, ROW=8 * 128, BLOCK_P=L.READ_BLOCK_P, STAGES=L.READ_STAGES, LINEAR=linear)
+    kernel = res.compile_kernel(L._row_sums_kernel, types, consts, {"num_warps": 4}, 90)
+    assert kernel.metadata.shared >= (L.READ_STAGES - 1) * L.READ_BLOCK_P * 8 * 128 * 2, kernel.metadata.shared
+    assert "STACK:0" in res.kernel_resources(kernel).replace(" ", "")
