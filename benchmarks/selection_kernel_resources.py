@@ -68,6 +68,20 @@ def score_kernel_launch(variant: str, pcap: int, scaled: bool = False) -> tuple[
     return consts, {"num_warps": 8, **({"maxnreg": K.SCORE_MAXNREG} if even else {})}
 
 
+WHOLE_PAGE_TYPES = {**SCORE_TYPES, "nprog": "i32"}
+
+
+def whole_page_kernel_launch(variant: str, scaled: bool = False) -> tuple[dict, dict]:
+    """A whole-page variant's scoring past its fused rows (``page_scores_whole``) as the server launches it at
+    Qwen3-1.7B shapes (``scaled`` as ``row_kernel_launch``'s): (constants, options)."""
+    from sparrow_server.kernels import page_scores_whole as W
+
+    v = topk.TOPK_VARIANTS[variant]
+    consts = dict(H=8, G=2, D=128, PS=16, BLOCK_P=W.PAGE_TILE, STAGES=K.ROW_STAGES, UPDATE=True, LM_BLOCK=1024,
+                  COPY_Q=v.copies_query, STORE_KV=v.stores_kv, SCALED=scaled)
+    return consts, {"num_warps": W.PAGE_WARPS}
+
+
 def resources(fn, types: dict, consts: dict, options: dict, arch: int) -> str:
     """cuobjdump's resource line (REG, STACK, SHARED, LOCAL) of ``fn`` compiled for sm_``arch``."""
     return kernel_resources(compile_kernel(fn, types, consts, options, arch))

@@ -30,6 +30,7 @@ TRAINER = "tests/gpu/test_sglang_trainer_compat.py"
 BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
+TILES = "sparrow_server/kernels/score_tiles.py"  # the scoring's building blocks, shared by its launches
 _STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
           "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")
 # the fused row's store, then its landmark update (kv_store_after_landmark swaps them)
@@ -49,6 +50,7 @@ GROUPED = "tests/gpu/test_grouped_query_heads.py"
 KERNEL_TESTS = "tests/gpu/test_sparse_kernels.py"
 MERGE = "sparrow_server/kernels/merge.py"
 LANDMARKS = "sparrow_server/kernels/landmarks.py"
+WHOLE_PAGES = "sparrow_server/kernels/page_scores_whole.py"
 SUB_ROWS = "tests/gpu/test_sub_rows.py"
 
 
@@ -98,7 +100,7 @@ BREAKS = (
           "lm = tl.load(lm_ptr + page[:, None] * (H * D) + ((h + 1) % H) * D + d[None, :]",
           (f"{KERNEL_TESTS}::test_rows_past_2048_candidates",)),
     Break("kv_head_landmarks_swapped_fused", "the fused row programs score each KV head's pages with the next KV "
-          "head's landmarks", KERNELS, "tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]",
+          "head's landmarks", TILES, "tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :]",
           "tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + ((h + 1) % H) * D + d[None, :]",
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
@@ -140,17 +142,17 @@ BREAKS = (
           (f"{KERNEL_TESTS}::test_rows_past_2048_candidates",
            f"{KERNEL_TESTS}::test_one_launch_scores_selects_and_updates_as_two_do")),
     Break("query_copy_one_head", "the fused launch's copy of the query stores every head of a KV head's group into "
-          "the group's first slot (fused_qcopy_narrow)", KERNELS,
+          "the group's first slot (fused_qcopy_narrow)", TILES,
           "tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)",
           "tl.store(qout_ptr + (b * H * G + h * G) * D + d, x)",
           (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
     Break("query_copy_split_one_head", "the split scoring's copy of the query stores every head of a request into its "
-          "first slot (fused_qcopy_narrow past its fused rows)", KERNELS,
+          "first slot (fused_qcopy_narrow past its fused rows)", TILES,
           "tl.store(qout_row + i * D + d, tl.load(q_row + i * D + d))",
           "tl.store(qout_row + d, tl.load(q_row + i * D + d))",
           (f"{KERNEL_TESTS}::test_query_copy_takes_the_strided_query_and_attends_the_same",)),
     Break("kv_store_one_head", "the selection's store of the step's K writes every KV head's key into head 0's "
-          "place (fused_kvstore_narrow, both launch paths)", KERNELS,
+          "place (fused_kvstore_narrow, both launch paths)", TILES,
           "tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))",
           "tl.store(kbuf_ptr + loc * HD + (e - first), tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))",
           (f"{KERNEL_TESTS}::test_kv_store_stores_the_step_kv_and_attends_the_same",)),
@@ -164,14 +166,14 @@ BREAKS = (
           "tl.store(lm_ptr + page * HD + offs, (acc / (PS - 1))",
           (f"{KERNEL_TESTS}::test_landmark_kernel_matches_reference",)),
     Break("float8_landmark_scale_dropped", "float8 landmarks scored without their pages' scales",
-          KERNELS, "        sc = sc * scale  # a power", "        sc = sc  # a power",
+          TILES, "        sc = sc * scale  # a power", "        sc = sc  # a power",
           (f"{KERNEL_TESTS}::test_scores_and_indices_match_reference",
            f"{SERVING}::test_float8_selections_agree_with_the_oracle")),
     Break("float8_landmark_stored_twice_its_scale", "a float8 landmark stored at twice the value its scale says",
           LANDMARKS, "_INV_EXP = tl.constexpr(261)", "_INV_EXP = tl.constexpr(262)",
           (f"{KERNEL_TESTS}::test_landmark_kernel_matches_reference",)),
     Break("query_group_layout", "a KV head's query group read strided (g * H + h) instead of contiguous",
-          KERNELS, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
+          TILES, "qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d)",
           "qs += tl.load(q_ptr + (b * H * G + g * H + h) * D + d)",
           (f"{SERVING}::test_sparse_selections_agree_with_the_oracle",)),
     Break("dense_layers_ignored", "the schedule's dense layers decoded sparsely",
@@ -246,6 +248,16 @@ BREAKS = (
           "batch's chunk budget ends, as SGLang's own ignore_eos admission cuts it",
           DETERMINISM, "    if not _admitted_as_ignore_eos(adder, req):", "    if True:",
           (f"{DETERMINISTIC}::test_the_two_batches_agree_on_every_request_they_share",)),
+    Break("pages_share_one_page_short", "each program of the whole-page scoring stops one page before its share ends "
+          "(the last candidate of every share left unscored)",
+          WHOLE_PAGES, "lo + (p * n) // nprog, lo + ((p + 1) * n) // nprog,",
+          "lo + (p * n) // nprog, lo + ((p + 1) * n) // nprog - 1,",
+          (f"{KERNEL_TESTS}::test_whole_page_scoring_past_the_fused_rows",)),
+    Break("pages_query_of_the_next_head", "the whole-page scoring scores each KV head's landmarks against the next "
+          "head's group query",
+          WHOLE_PAGES, "qs += tl.load(q_row + (h[:, None] * G + g) * D + d[None, :])",
+          "qs += tl.load(q_row + (((h[:, None] + 1) % H) * G + g) * D + d[None, :])",
+          (f"{KERNEL_TESTS}::test_whole_page_scoring_past_the_fused_rows",)),
 )
 
 

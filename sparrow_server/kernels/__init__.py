@@ -23,7 +23,8 @@
 # programs issue their plan loads and reserved pages' gathers ahead of the scoring (TopKVariant.hoisted);
 # ``fused_qcopy_narrow`` that which takes the query strided per token and copies it contiguous for the attention, in
 # either launch path (TopKVariant.copies_query); ``fused_kvstore_narrow`` that which also stores the step's key and
-# value into the pool (TopKVariant.stores_kv).
+# value into the pool (TopKVariant.stores_kv); ``fused_pages_narrow`` that whose scoring past the fused rows reads
+# every KV head's landmark of a page together, a few programs an SM (TopKVariant.scores_whole_pages).
 # Landmark dtypes the kernels take (GPU-tested) and a server offers (SPARROW_LANDMARK_DTYPE); float8 is stored scaled
 # (``reference.store_landmarks``).
 LANDMARK_STORAGE_DTYPES = ("bfloat16", "float32", "float8_e4m3fn")
@@ -34,7 +35,7 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
                    "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
                    "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
                    "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-                   "fused_kvstore_narrow")
+                   "fused_kvstore_narrow", "fused_pages_narrow")
 # ``fused_hist64_narrow`` (call 25, H200, benchmarks/results/speed/call25/): at batch 16 (128 rows) selection 36.3 vs
 # ``short8_hist40_wide``'s 38.6 us per layer at 32K, 41.7 vs 45.1 at 33K, 44.1 vs 48.9 at 40K (16K: 21.9 vs 23.8); past
 # 264 rows ``short8_hist40_wide``'s own launches (call 24: 67.9 vs ``fine_hist64``'s 78.2 us at 16K x 64, rollout A

@@ -33,6 +33,11 @@ from sparrow_server.kernels.landmarks import (  # noqa: F401  (re-export)
     check_landmark_scales, page_mean, page_scales, row_update, update_landmarks,
 )
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
+from sparrow_server.kernels.score_tiles import (  # noqa: F401  (re-export: the scoring's building blocks)
+    FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, _copy_group_query, _copy_request_query, _group_query_sum, _landmark_scores,
+    _landmark_tile, _score_row, _store_step_kv, _tile_pages,
+)
+from sparrow_server.kernels.page_scores_whole import whole_page_scores
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
     SELECT_ROWS, TOPK_VARIANTS, radix_bins, reserved_ids, resolve_variant, select_and_write, select_launches,
     select_row, tier_launch, write_reserved_from,
@@ -46,17 +51,6 @@ SCORE_BLOCK_P = 32    # pages per tile of ``page_scores``
 # arguments) it takes 48 and v1's 32 (benchmarks/results/speed/selection_kernel_resources.log): the cap binds
 # neither, and stays only so that the measured kernels stay the same ones.
 SCORE_MAXNREG = 80
-# Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV
-# head: 32 KB of bf16 landmarks, 16-byte loads; 44 registers, no spill, sm_90): one program per SM must stream its
-# row at about its share of HBM bandwidth.
-ROW_BLOCK_P = 128
-# Stages of the row loop's pipeline (Triton's cp.async into shared memory: 2 tiles, 64 KB, in flight while a third
-# is reduced; 67 KB of shared memory a program, so two programs still share an SM). Without it a program waited a
-# memory latency per tile (call 25's first bench: 21 GB/s a program at 32K x 16); with it, in the second, selection
-# at batch 16 fell 1.6-3.2 us a layer from 32K tokens on and rose 2.8 us at 16K (fewer tiles than stages to fill).
-# Deeper (4 stages of 128 pages, 6 of 64) scored no faster in call 28's bench (within 2% from 32K).
-ROW_STAGES = 3
-FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamped to +-FLOAT_BIG / 2 (``select_pages``)
 
 
 @triton.jit
@@ -74,27 +68,6 @@ def _score_tile(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pc
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
         sc = _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, cand, h, H, SCALED), SCALED)
         tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
-
-
-@triton.jit
-def _group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
-    """[D] fp32 sum of the query heads of KV head ``h``'s group (heads ``h * G`` to ``h * G + G - 1``)."""
-    d = tl.arange(0, D)
-    qs = tl.zeros([D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        qs += tl.load(q_ptr + (b * H * G + h * G + g) * D + d).to(tl.float32)
-    return qs
-
-
-@triton.jit
-def _landmark_scores(lm, qs, G: tl.constexpr, scale, SCALED: tl.constexpr):
-    """Scores of a [pages, D] landmark tile (SCALED: times its pages' ``scale``) against the group's mean query, as
-    ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
-    sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
-    if SCALED:
-        sc = sc * scale  # a power of two: the same score as the scaled landmark's, bit for bit
-    sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)
-    return tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
 
 
 @triton.jit
@@ -163,57 +136,6 @@ def _score_span_even(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, p, rpi, r2t_st
 
 
 @triton.jit
-def _tile_pages(row_r2t, j, hi, PS: tl.constexpr):
-    """Physical pages of candidate pages ``j`` (0 past ``hi``) of one request (int32: registers across the loop)."""
-    return tl.load(row_r2t + j.to(tl.int64) * PS, mask=j < hi, other=0) // PS
-
-
-@triton.jit
-def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
-    """[pages, D] landmarks of head ``h`` of physical ``page``s (zero past ``hi``)."""
-    d = tl.arange(0, D)
-    return tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :], mask=(j < hi)[:, None],
-                   other=0.0)
-
-
-@triton.jit
-def _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
-    """``_group_query_sum`` of a query whose tokens lie ``q_stride`` elements apart (SGLang's q: a slice of the
-    fused QKV output), each of the group's heads also stored into the contiguous ``qout_ptr`` ([B, H * G, D]), the
-    query FlashInfer's decode then reads."""
-    d = tl.arange(0, D)
-    qs = tl.zeros([D], dtype=tl.float32)
-    for g in tl.static_range(G):
-        x = tl.load(q_ptr + b.to(tl.int64) * q_stride + (h * G + g) * D + d)
-        tl.store(qout_ptr + (b * H * G + h * G + g) * D + d, x)
-        qs += x.to(tl.float32)
-    return qs
-
-
-@triton.jit
-def _copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
-    """One request's ``HG`` query heads from ``q_row`` into the contiguous ``qout_row``, a head at a time."""
-    d = tl.arange(0, D)
-    for i in tl.static_range(HG):
-        tl.store(qout_row + i * D + d, tl.load(q_row + i * D + d))
-
-
-@triton.jit
-def _score_row(qs, lm_ptr, lms_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-               PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr, SCALED: tl.constexpr):
-    """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s, against
-    its group's query sum ``qs``. The loop is software-pipelined (STAGES): the page ids and landmarks of the next
-    tiles copy asynchronously into shared memory while this tile is reduced."""
-    offs = tl.arange(0, BLOCK_P)
-    for start in tl.range(lo, hi, BLOCK_P, num_stages=STAGES):
-        j = start + offs
-        page = _tile_pages(row_r2t, j, hi, PS)
-        lm = _landmark_tile(lm_ptr, page, j, hi, h, H, D)
-        tl.store(out + j, _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, j < hi, h, H, SCALED), SCALED),
-                 mask=j < hi)
-
-
-@triton.jit
 def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr,
                 k_ptr, lo_ptr, hi_ptr, indptr_ptr, out_ptr, bins_ptr, r2t_stride, q_stride, qout_ptr, kin_ptr, vin_ptr,
                 k_stride, v_stride, vbuf_ptr, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
@@ -275,18 +197,6 @@ def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t
         select_row(r, scores_ptr, pcap, r2t_ptr, rpi_ptr, n_ptr, cnt_ptr, sink_ptr, indptr_ptr, out_ptr, bins_ptr,
                    r2t_stride, k, lo, hi, H, PS, SMALL, MEDIUM, LARGE, CHUNK, TAIL_A, TAIL_B, TAIL_C, TAILS, BITS,
                    FINE, FINE_ROW, FINE_TAIL, EXIT, PACKED, ROLLED, ATOMIC, True, True, not HOIST)
-
-
-@triton.jit
-def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, first, HD: tl.constexpr,
-                   N: tl.constexpr):
-    """Elements ``[first, first + N)`` of request ``b``'s step key and value (tokens ``k_stride``, ``v_stride``
-    apart) into the token-major pools' rows (``HD`` elements) at its slot. The caller then holds a block barrier
-    before the landmark update reads the slot's key back."""
-    loc = tl.load(loc_ptr + b).to(tl.int64)
-    e = first + tl.arange(0, N)
-    tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))
-    tl.store(vbuf_ptr + loc * HD + e, tl.load(vin_ptr + b.to(tl.int64) * v_stride + e))
 
 
 def _row_launch(q, landmarks, landmark_scales, req_to_token, rpi, cand_lo, cand_hi, page_size, scores, k_buf,
@@ -419,6 +329,9 @@ def page_scores(q: Tensor, landmarks: Tensor, req_to_token: Tensor, req_pool_ind
         _row_launch(q, landmarks, landmark_scales, req_to_token, req_pool_indices, cand_lo, cand_hi, page_size, out,
                     k_buf, cache_loc, variant, q_out=q_out, store_kv=store_kv)
         return out
+    if TOPK_VARIANTS[variant].scores_whole_pages:
+        return whole_page_scores(q, landmarks, landmark_scales if scaled else None, req_to_token, req_pool_indices,
+                                 cand_lo, cand_hi, page_size, out, k_buf, cache_loc, q_out, store_kv)
     nprog = score_programs(out.shape[1], variant)
     kin, vin, v_buf = store_kv or (cand_lo, cand_lo, cand_lo)
     _score_kernel[(b, nprog)](

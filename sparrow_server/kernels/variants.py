@@ -111,6 +111,11 @@ class TopKVariant:
     # (its ``store_kvcache`` kernel: 1.5 us and a gap in each sparse layer of call 35's profile at 32K x 16) where the
     # pool is a plain token-major one of the key's dtype. Call 35 (one H200, sparse server alone): 32K x 16 +0.94%.
     stores_kv: bool = False
+    # Past the fused rows, the scoring by whole pages (``page_scores_whole``): a few programs an SM, each an even share
+    # of one request's candidates, read every KV head's landmark of a page together (2 KB contiguous) through a
+    # pipelined loop, where the split grid reads a tile of 32 pages a program, each head's 256 B of a page a load of
+    # its own, no pipeline (call 48's bench: 16-22% above a read-only pass shaped as this one, 74% at 4B's 48 x 8K).
+    scores_whole_pages: bool = False
 
     def __post_init__(self):
         assert self.short_warps is None or self.fine, "the short rows' launch holds FINE's tiers"
@@ -170,7 +175,9 @@ TOPK_VARIANTS = {"v1": TopKVariant(), "split": TopKVariant(), "even": TopKVarian
                  "fused_qcopy_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
                                                hoisted=True, copies_query=True),
                  "fused_kvstore_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
-                                                 hoisted=True, copies_query=True, stores_kv=True)}
+                                                 hoisted=True, copies_query=True, stores_kv=True),
+                 "fused_pages_narrow": replace(_PACKED, rolled=True, atomic=True, top_digits=True, joint_write=True,
+                                               hoisted=True, copies_query=True, stores_kv=True, scores_whole_pages=True)}
 assert tuple(TOPK_VARIANTS) == SELECT_VARIANTS
 SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows (streamed from L2)
 # SELECT_VARIANTS: ``v1``: the gpu_call14 kernels (64 strided score programs; top-k tiers
@@ -257,6 +264,9 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # 40 x 32K, 34.4 / 35.5 at 48 x 16K. Both grids read the landmarks at 2.6-3.3 TB/s: neither the split grid's idle
 # programs nor its one tile a program is what bounds it (nor the bytes: float8 scored as fast, call 43). Its GPU tests
 # passed and caught both of its breaks (``benchmarks/results/speed/call47/4_stream_scoring/``).
+# ``fused_pages_narrow``: ``fused_kvstore_narrow`` whose scoring past the fused rows reads whole pages
+# (TopKVariant.scores_whole_pages); not yet measured (call 48's read-only pass: the next command in
+# ``benchmarks/results/speed/README.md``).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch

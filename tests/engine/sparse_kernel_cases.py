@@ -30,7 +30,7 @@ VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_hist64", "
             "short8_hist40_wide", "fused_hist64", "fused_hist64_narrow", "fused_exit_narrow",
             "fused_packed_narrow", "fused_rolled_narrow", "fused_atomic_narrow",
             "fused_topdigits_narrow", "fused_joint_narrow", "fused_hoisted_narrow", "fused_qcopy_narrow",
-            "fused_kvstore_narrow")
+            "fused_kvstore_narrow", "fused_pages_narrow")
 
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -442,6 +442,54 @@ def test_kv_store_writes_the_step_kv_before_the_landmark_reads_it(K, fused, monk
     assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
     old = case.k_buf[(loc[:2] // PS * PS)[:, None] + torch.arange(PS)].mean(dim=1)  # the pages' landmarks before
     assert not torch.allclose(one.lm[loc[:2] // PS], old)
+
+
+@pytest.mark.parametrize("programs", [1, 3, 400])
+@pytest.mark.parametrize("lm_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_whole_page_scoring_writes_what_the_split_grid_writes(K, lm_dtype, programs, monkeypatch):
+    """``fused_pages_narrow`` past its fused rows (here made 1) scores by whole pages, ``programs`` programs a request
+    each an even share of its candidates (1: one program scores a request; 3: shares cut at no tile's edge; 400: more
+    programs than a row of 300 has pages, so some have none). Given the strided query, ``q_out`` and the step's K and
+    V, it leaves the pools, the landmarks (float8: their scales too), the scores (every entry: those it must not write
+    keep their fill), the query copy and the pages that ``fused_kvstore_narrow``'s split grid leaves; on rows of 2,049
+    candidates (257 tiles, the last of one page), 300, 77 and none, and a dense row."""
+    from sparrow_server.kernels import page_scores_whole
+
+    monkeypatch.setattr(page_scores_whole, "PAGE_PROGRAMS_INTERPRETED", programs)
+    for name in ("fused_pages_narrow", "fused_kvstore_narrow"):
+        monkeypatch.setitem(K.TOPK_VARIANTS, name, replace(K.TOPK_VARIANTS[name], fused_max_rows=1))
+    lengths = [(c + SINK + RECENT) * PS - 5 for c in (2049, 300, 0, 77)] + [700]
+    case = _case(lengths, seed=29, num_kv_heads=2, group=2, head_dim=16, dtype=torch.float32)
+    if lm_dtype == torch.float8_e4m3fn:
+        case.k_buf.mul_(1e-3)
+    schedules = [fixed_budget_schedule(b) for b in (256, 30, 4, 16)] + [dense_schedule()]
+    one = _selection(K, case, schedules, lm_dtype, variant="fused_pages_narrow")
+    two = SparseSelection(K, case, one.plan, one.lm.clone(), one.scores.shape[1], "fused_kvstore_narrow",
+                          landmark_scales=None if one.lm_scales is None else one.lm_scales.clone())
+    assert K.stores_kv(one.variant) and K.copies_query(one.variant)
+    assert not K.TOPK_VARIANTS[one.variant].fuses(one.scores.shape[0]) and int(one.fields["cand_hi"][2]) == 0
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 2) * d, generator=torch.Generator().manual_seed(29))  # q, then k and v, a row
+    qkv[:, :hq * d] = case.q.reshape(b, -1)
+    strided = qkv[:, :hq * d].view(b, hq, d)
+    k, v = (qkv[:, (hq + i * 2) * d:(hq + i * 2 + 2) * d].view(b, 2, d) for i in (0, 1))
+    loc = case.req_to_token[case.rpi, (case.lengths // PS) * PS - 1].long()  # each completes a page
+    loc[1] = case.req_to_token[case.rpi[1], case.lengths[1] - 1].long()  # one does not
+    pools = [(case.k_buf.clone(), case.v_buf.clone()) for _ in range(2)]
+    copies = [torch.full_like(case.q, OUTSIDE) for _ in range(2)]
+    for sel, (kb, vb), q_out in zip((one, two), pools, copies):
+        sel.scores.fill_(OUTSIDE)
+        sel.indices.fill_(-1)
+        K.score_and_select(strided, sel.lm, case.req_to_token, case.rpi, one.fields, sel.row_indptr, PS, sel.scores,
+                           sel.indices, k_buf=kb, cache_loc=loc, variant=sel.variant, q_out=q_out,
+                           store_kv=(k, v, vb), landmark_scales=sel.lm_scales)
+    assert all(torch.equal(x, y) for x, y in zip(*pools)) and torch.equal(pools[0][0][loc], k)
+    assert torch.equal(copies[0], case.q) and torch.equal(copies[1], case.q)
+    assert torch.equal(one.lm, two.lm) and not torch.equal(one.lm, _selection(K, case, schedules, lm_dtype).lm)
+    assert one.lm_scales is None or torch.equal(one.lm_scales, two.lm_scales)
+    assert torch.equal(one.scores, two.scores) and (one.scores == OUTSIDE).any()
+    assert torch.equal(one.indices, two.indices) and (one.indices >= 0).all()
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
 
 
 def test_fused_variants_fuse_up_to_their_rows(K):

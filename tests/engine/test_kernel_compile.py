@@ -5,6 +5,7 @@ variant's design rests on: two row programs share an SM, by registers and by sha
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -132,3 +133,26 @@ def test_landmark_read_kernel_compiles_for_sm90_pipelined(linear):
     kernel = res.compile_kernel(L._row_sums_kernel, types, consts, {"num_warps": 4}, 90)
     assert kernel.metadata.shared >= (L.READ_STAGES - 1) * L.READ_BLOCK_P * 8 * 128 * 2, kernel.metadata.shared
     assert "STACK:0" in res.kernel_resources(kernel).replace(" ", "")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("scaled", [False, True], ids=["bfloat16", "float8"])
+def test_whole_page_score_kernel_compiles_for_sm90_at_its_programs_per_sm(scaled):
+    """The scoring past the fused rows by whole pages (``fused_pages_narrow``) compiles for sm_90 with its loop
+    pipelined (stages - 1 tiles of every KV head's landmarks of PAGE_TILE pages in shared memory), unspilled, and
+    PAGE_PROGRAMS_PER_SM of its programs fit an SM by registers and by shared memory."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import selection_kernel_resources as res
+
+    from sparrow_server.kernels import page_scores_whole as W
+    from sparrow_server.kernels import sparse_decode as K
+
+    consts, options = res.whole_page_kernel_launch("fused_pages_narrow", scaled)
+    types = {**res.WHOLE_PAGE_TYPES, **(res.FLOAT8_LANDMARK_TYPES if scaled else {})}
+    kernel = res.compile_kernel(W._whole_page_score_kernel, types, consts, options, 90)
+    line = res.kernel_resources(kernel).replace(" ", "")
+    registers, stack = (int(re.search(f"{key}:(\\d+)", line).group(1)) for key in ("REG", "STACK"))
+    assert W.PAGE_PROGRAMS_PER_SM * registers * options["num_warps"] * 32 <= SM_REGISTERS, line
+    assert W.PAGE_PROGRAMS_PER_SM * kernel.metadata.shared <= SM_SHARED_BYTES, kernel.metadata.shared
+    assert kernel.metadata.shared >= (K.ROW_STAGES - 1) * W.PAGE_TILE * 8 * 128 * (1 if scaled else 2)
+    assert stack == 0, line

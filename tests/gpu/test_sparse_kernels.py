@@ -299,6 +299,56 @@ def test_kv_store_stores_the_step_kv_and_attends_the_same(split):
     assert torch.equal(one.wrapper.run(case.q.view(-1, one.g, d), one.kv), want)
 
 
+@pytest.mark.parametrize("lm_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_whole_page_scoring_past_the_fused_rows(lm_dtype):
+    """``fused_pages_narrow`` at 34 requests x 8 KV heads (272 rows, past the fused launch's 264: its programs, a
+    few an SM, each an even share of a request's candidates, every KV head of a page: the longest rows several tiles a
+    program, shares of unequal size), given the strided query, ``q_out`` and the step's K and V: the pools, landmarks (float8: their scales),
+    query copy and untouched score entries exactly what ``fused_kvstore_narrow``'s split grid leaves; the scores the
+    reference's (``page_scores``, to fp32 rounding) on every candidate; the pages ``select_pages``' on its scores."""
+    from sparrow_server.kernels import page_scores_whole as W
+    from sparrow_server.kernels import sparse_decode as K
+
+    case, plan = _fused_or_split_case(True, seed=47)
+    lm, scales = _scaled_landmarks(case, lm_dtype)
+    one, two = (_layer(case, plan, lm.clone(), pcap=40960 // PS, variant=v,
+                       scales=None if scales is None else scales.clone())
+                for v in ("fused_pages_narrow", "fused_kvstore_narrow"))
+    variant = K.TOPK_VARIANTS[one.variant]
+    assert not variant.fuses(one.scores.shape[0]) and variant.scores_whole_pages
+    nprog = W.page_programs(case.q.shape[0], case.q.device)
+    cands = (one.fields["cand_hi"] - one.fields["cand_lo"]).cpu()
+    assert nprog > 1 and int(cands.max()) > nprog * W.PAGE_TILE and bool((cands % nprog).any())
+    b, hq, d = case.q.shape
+    qkv = torch.randn(b, (hq + 2 * 8) * d, device="cuda").to(case.q.dtype)  # q, then k and v, a token's row
+    qkv[:, :hq * d] = case.q.reshape(b, -1)
+    strided = qkv[:, :hq * d].view(b, hq, d)
+    k, v = (qkv[:, (hq + i * 8) * d:(hq + i * 8 + 8) * d].view(b, 8, d) for i in (0, 1))
+    n = torch.from_numpy(plan.n_pages.astype("int64")).cuda()
+    loc = case.req_to_token[case.rpi, (n - 2) * PS + PS - 1].long()  # completes each request's first recent page
+    pools = [(case.k_buf.clone(), case.v_buf.clone()) for _ in range(2)]
+    copies = [torch.full_like(case.q, -123.25) for _ in range(2)]
+    for layer, (kb, vb), q_out in zip((one, two), pools, copies):
+        layer.scores.fill_(-123.25)  # no kernel write produces it
+        K.score_and_select(strided, layer.lm, case.req_to_token, case.rpi, layer.fields, layer.row_indptr, PS,
+                           layer.scores, layer.indices, k_buf=kb, cache_loc=loc, variant=layer.variant, q_out=q_out,
+                           store_kv=(k, v, vb), landmark_scales=layer.lm_scales)
+    assert all(torch.equal(x, y) for x, y in zip(*pools)) and torch.equal(pools[0][0][loc], k)
+    assert torch.equal(copies[0], case.q) and torch.equal(copies[1], case.q)
+    assert torch.equal(one.lm, two.lm) and not torch.equal(one.lm, lm)
+    assert scales is None or torch.equal(one.lm_scales, two.lm_scales)
+    f = {key: val.cpu() for key, val in one.fields.items()}
+    want = R.page_scores(case.q.cpu(), one.lm.float().cpu(), case.req_to_token.cpu(), case.rpi.cpu(), f["cand_lo"],
+                         f["cand_hi"], PS, one.scores.shape[1],
+                         landmark_scales=None if scales is None else one.lm_scales.cpu())
+    inside = torch.isfinite(want)
+    got = one.scores.cpu()
+    assert int(inside.sum()) > 0 and (got[~inside] == -123.25).all()
+    assert torch.equal(got[~inside], two.scores.cpu()[~inside])
+    torch.testing.assert_close(got[inside], want[inside], rtol=1e-4, atol=1e-3)
+    assert one.logical_pages(ordered=True) == one.want_pages(SINK, RECENT)
+
+
 @pytest.mark.parametrize("lengths,budget", [([32768, 20000, 4100, 900], 256), ([5000, 333, 2048, 17], 40)])
 def test_sparse_layer_equals_core_reference(lengths, budget):
     """Selection = ``select_pages`` on fp32 landmarks; output = masked attention over it."""
