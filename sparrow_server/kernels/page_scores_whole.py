@@ -16,9 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from sparrow_server.kernels.landmarks import page_mean
-from sparrow_server.kernels.score_tiles import (ROW_STAGES, _clamp_scores, _copy_request_query, _store_step_kv,
-                                                _tile_pages)
+from sparrow_server.kernels.score_tiles import ROW_STAGES, _clamp_scores, _request_duties, _tile_pages
 
 PAGE_TILE = 8  # pages a tile: every KV head's landmark of 8 pages, 16 KB of bf16 (the read-only pass's tile)
 PAGE_PROGRAMS_PER_SM = 4  # 3 stages of 16 KB of shared memory a program: four share an SM's 228 KB
@@ -39,17 +37,8 @@ def _whole_page_score_kernel(q_ptr, lm_ptr, lms_ptr, k_ptr, loc_ptr, r2t_ptr, rp
     b = tl.program_id(0)
     p = tl.program_id(1)
     q_row = q_ptr + b.to(tl.int64) * q_stride
-    if COPY_Q:
-        if p == 0:
-            _copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
-    if UPDATE:
-        if p == nprog - 1:
-            if STORE_KV:
-                for hh in tl.static_range(H):
-                    _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D, D)
-                tl.debug_barrier()
-            loc = tl.load(loc_ptr + b).to(tl.int64)
-            page_mean(k_ptr, lm_ptr, lms_ptr, loc, (loc % PS) == PS - 1, H, D, PS, LM_BLOCK, SCALED)
+    _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
+                    p == 0, p == nprog - 1, H, G, D, PS, LM_BLOCK, COPY_Q, UPDATE, STORE_KV, SCALED)
     lo = tl.load(lo_ptr + b)
     n = tl.load(hi_ptr + b) - lo
     _score_share(q_row, lm_ptr, lms_ptr, r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from sparrow_server.kernels.landmarks import page_scales
+from sparrow_server.kernels.landmarks import page_mean, page_scales
 
 # Fused variants (``TopKVariant.fused``): pages per tile of a row program's scoring loop (128 pages of one KV
 # head: 32 KB of bf16 landmarks, 16-byte loads; 44 registers, no spill, sm_90): one program per SM must stream its
@@ -110,3 +110,24 @@ def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc
     e = first + tl.arange(0, N)
     tl.store(kbuf_ptr + loc * HD + e, tl.load(kin_ptr + b.to(tl.int64) * k_stride + e))
     tl.store(vbuf_ptr + loc * HD + e, tl.load(vin_ptr + b.to(tl.int64) * v_stride + e))
+
+
+@triton.jit
+def _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr,
+                    b, copy_here, update_here, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
+                    LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr, UPDATE: tl.constexpr, STORE_KV: tl.constexpr,
+                    SCALED: tl.constexpr):
+    """A scoring grid's per-request work, in the program it names: COPY_Q (``copy_here``), request ``b``'s query heads
+    from ``q_row`` into the contiguous ``qout_ptr``; UPDATE (``update_here``), STORE_KV's step key and value of every
+    head, then the landmark of the page the step's slot completes (a recent page, never a candidate this step)."""
+    if COPY_Q:
+        if copy_here:
+            _copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
+    if UPDATE:
+        if update_here:
+            if STORE_KV:
+                for hh in tl.static_range(H):
+                    _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D, D)
+                tl.debug_barrier()
+            loc = tl.load(loc_ptr + b).to(tl.int64)
+            page_mean(k_ptr, lm_ptr, lms_ptr, loc, (loc % PS) == PS - 1, H, D, PS, LM_BLOCK, SCALED)

@@ -35,7 +35,7 @@ from sparrow_server.kernels.landmarks import (  # noqa: F401  (re-export)
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.score_tiles import (  # noqa: F401  (re-export: the scoring's building blocks)
     FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, _copy_group_query, _copy_request_query, _group_query_sum, _landmark_scores,
-    _landmark_tile, _score_row, _store_step_kv, _tile_pages,
+    _landmark_tile, _request_duties, _score_row, _store_step_kv, _tile_pages,
 )
 from sparrow_server.kernels.page_scores_whole import whole_page_scores
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
@@ -83,25 +83,11 @@ def _score_kernel(q_ptr, lm_ptr, lms_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_p
     b = tl.program_id(0)
     p = tl.program_id(1)
     q_row = q_ptr + b.to(tl.int64) * q_stride
-    if COPY_Q:
-        if p == 0:
-            _copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
-    if UPDATE:
-        # This step's token completes a page: its landmark, before it can become a candidate
-        # (the partial page is always a recent page, never scored). The split grid gives it to the
-        # last program, idle unless the row needs every program, so no scoring program runs it first.
-        if EVEN:
-            mine = p == NPROG - 1
-        else:
-            mine = p == 0
-        if mine:
-            if STORE_KV:
-                for hh in tl.static_range(H):
-                    _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D,
-                                   D)
-                tl.debug_barrier()
-            loc = tl.load(loc_ptr + b).to(tl.int64)
-            page_mean(k_ptr, lm_ptr, lms_ptr, loc, (loc % PS) == PS - 1, H, D, PS, LM_BLOCK, SCALED)
+    # This step's token completes a page: its landmark, before it can become a candidate (the partial page is
+    # always a recent page, never scored). The split grid gives it to the last program, idle unless the row needs
+    # every program, so no scoring program runs it first.
+    _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
+                    p == 0, p == (NPROG - 1 if EVEN else 0), H, G, D, PS, LM_BLOCK, COPY_Q, UPDATE, STORE_KV, SCALED)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
     rpi = tl.load(rpi_ptr + b).to(tl.int64)
