@@ -1,7 +1,7 @@
 """Where a fused selection launch's time goes, phase by phase, inside each row program (GPU host).
 
 The fused row kernel (``sparse_decode._row_kernel`` with SELECT, one program per (request, KV head) row, one row
-per SM at batch 16) is mirrored here from the product's own building blocks (``_score_row``, ``write_reserved``,
+per SM at batch 16) is mirrored here from the product's own building blocks (``score_row``, ``write_reserved``,
 ``radix``'s histogram rounds and index write, as ``topk._topk_in_registers`` composes them with the early exit and
 the packed steps), with each program reading the SM's cycle counter (``%clock64``) and the global timer
 (``%globaltimer``) after a block barrier at each phase's end: prologue (landmark update, plan loads), scoring, the
@@ -77,7 +77,7 @@ def _stamped_row_kernel(q_ptr, lm_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t_
         row = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     scores = scores_ptr + r.to(tl.int64) * pcap
     _stamp(stamps, 1, r, STAMP)
-    K._score_row(K._group_query_sum(q_ptr, b, h, H, G, D), lm_ptr, lm_ptr, row, scores, h, lo, hi, H, G, D, PS,
+    K.score_row(K.group_query_sum(q_ptr, b, h, H, G, D), lm_ptr, lm_ptr, row, scores, h, lo, hi, H, G, D, PS,
                  BLOCK_P, STAGES, False)
     if HOIST:
         tl.store(reserved_out + t, slot * H + h, mask=m)

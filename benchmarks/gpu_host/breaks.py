@@ -31,7 +31,7 @@ BACKEND = "sparrow_server/sglang_plugin/scheduler/backend.py"
 PLANNING = "sparrow_server/sglang_plugin/scheduler/planning.py"
 KERNELS = "sparrow_server/kernels/sparse_decode.py"
 TILES = "sparrow_server/kernels/score_tiles.py"  # the scoring's building blocks, shared by its launches
-_STORE = ("        if STORE_KV:\n            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
+_STORE = ("        if STORE_KV:\n            store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, "
           "loc_ptr, b, h * D, H * D, D)\n            tl.debug_barrier()\n")
 # the fused row's store, then its landmark update (kv_store_after_landmark swaps them)
 _UPDATE = "        if UPDATE:\n            row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)\n"

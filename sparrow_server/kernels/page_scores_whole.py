@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from sparrow_server.kernels.score_tiles import ROW_STAGES, _clamp_scores, _request_duties, _tile_pages
+from sparrow_server.kernels.score_tiles import ROW_STAGES, clamp_scores, request_duties, tile_pages
 
 PAGE_TILE = 8  # pages a tile: every KV head's landmark of 8 pages, 16 KB of bf16 (the read-only pass's tile)
 PAGE_PROGRAMS_PER_SM = 4  # 3 stages of 16 KB of shared memory a program: four share an SM's 228 KB
@@ -37,7 +37,7 @@ def _whole_page_score_kernel(q_ptr, lm_ptr, lms_ptr, k_ptr, loc_ptr, r2t_ptr, rp
     b = tl.program_id(0)
     p = tl.program_id(1)
     q_row = q_ptr + b.to(tl.int64) * q_stride
-    _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
+    request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
                     p == 0, p == nprog - 1, H, G, D, PS, LM_BLOCK, COPY_Q, UPDATE, STORE_KV, SCALED)
     lo = tl.load(lo_ptr + b)
     n = tl.load(hi_ptr + b) - lo
@@ -62,13 +62,13 @@ def _score_share(q_row, lm_ptr, lms_ptr, row_r2t, out_b, pcap, first, end, H: tl
     for start in tl.range(first, end, BLOCK_P, num_stages=STAGES):
         j = start + tl.arange(0, BLOCK_P)
         live = j < end
-        page = _tile_pages(row_r2t, j, end, PS).to(tl.int64)
+        page = tile_pages(row_r2t, j, end, PS).to(tl.int64)
         lm = tl.load(lm_ptr + page[:, None, None] * (H * D) + h[None, :, None] * D + d[None, None, :],
                      mask=live[:, None, None], other=0.0)
         sc = tl.sum(lm.to(tl.float32) * qm[None, :, :], axis=2)
         if SCALED:  # a power of two a page and head: the same score as the scaled landmark's, bit for bit
             sc = sc * tl.load(lms_ptr + page[:, None] * H + h[None, :], mask=live[:, None], other=1.0)
-        tl.store(out_b + h[None, :].to(tl.int64) * pcap + j[:, None], _clamp_scores(sc), mask=live[:, None])
+        tl.store(out_b + h[None, :].to(tl.int64) * pcap + j[:, None], clamp_scores(sc), mask=live[:, None])
 
 
 def page_programs(batch: int, device: torch.device) -> int:

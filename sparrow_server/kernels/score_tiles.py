@@ -23,7 +23,7 @@ FLOAT_BIG = tl.constexpr(3.4028234663852886e38)  # float32 max; scores are clamp
 
 
 @triton.jit
-def _group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+def group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
     """[D] fp32 sum of the query heads of KV head ``h``'s group (heads ``h * G`` to ``h * G + G - 1``)."""
     d = tl.arange(0, D)
     qs = tl.zeros([D], dtype=tl.float32)
@@ -33,30 +33,30 @@ def _group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.conste
 
 
 @triton.jit
-def _landmark_scores(lm, qs, G: tl.constexpr, scale, SCALED: tl.constexpr):
+def landmark_scores(lm, qs, G: tl.constexpr, scale, SCALED: tl.constexpr):
     """Scores of a [pages, D] landmark tile (SCALED: times its pages' ``scale``) against the group's mean query, as
     ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
     sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
     if SCALED:
         sc = sc * scale  # a power of two: the same score as the scaled landmark's, bit for bit
-    return _clamp_scores(sc)
+    return clamp_scores(sc)
 
 
 @triton.jit
-def _clamp_scores(sc):
+def clamp_scores(sc):
     """Scores as ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
     sc = tl.where(sc != sc, -FLOAT_BIG / 2, sc)
     return tl.minimum(tl.maximum(sc, -FLOAT_BIG / 2), FLOAT_BIG / 2)
 
 
 @triton.jit
-def _tile_pages(row_r2t, j, hi, PS: tl.constexpr):
+def tile_pages(row_r2t, j, hi, PS: tl.constexpr):
     """Physical pages of candidate pages ``j`` (0 past ``hi``) of one request (int32: registers across the loop)."""
     return tl.load(row_r2t + j.to(tl.int64) * PS, mask=j < hi, other=0) // PS
 
 
 @triton.jit
-def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
+def landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
     """[pages, D] landmarks of head ``h`` of physical ``page``s (zero past ``hi``)."""
     d = tl.arange(0, D)
     return tl.load(lm_ptr + page.to(tl.int64)[:, None] * (H * D) + h * D + d[None, :], mask=(j < hi)[:, None],
@@ -64,8 +64,8 @@ def _landmark_tile(lm_ptr, page, j, hi, h, H: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
-    """``_group_query_sum`` of a query whose tokens lie ``q_stride`` elements apart (SGLang's q: a slice of the
+def copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr):
+    """``group_query_sum`` of a query whose tokens lie ``q_stride`` elements apart (SGLang's q: a slice of the
     fused QKV output), each of the group's heads also stored into the contiguous ``qout_ptr`` ([B, H * G, D]), the
     query FlashInfer's decode then reads."""
     d = tl.arange(0, D)
@@ -78,7 +78,7 @@ def _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H: tl.constexpr, G: tl.co
 
 
 @triton.jit
-def _copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
+def copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
     """One request's ``HG`` query heads from ``q_row`` into the contiguous ``qout_row``, a head at a time."""
     d = tl.arange(0, D)
     for i in tl.static_range(HG):
@@ -86,7 +86,7 @@ def _copy_request_query(q_row, qout_row, HG: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _score_row(qs, lm_ptr, lms_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+def score_row(qs, lm_ptr, lms_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
                PS: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr, SCALED: tl.constexpr):
     """Scores of one (request, KV head) row's candidates ``[lo, hi)`` into ``out``, as ``_score_tile``'s, against
     its group's query sum ``qs``. The loop is software-pipelined (STAGES): the page ids and landmarks of the next
@@ -94,14 +94,14 @@ def _score_row(qs, lm_ptr, lms_ptr, row_r2t, out, h, lo, hi, H: tl.constexpr, G:
     offs = tl.arange(0, BLOCK_P)
     for start in tl.range(lo, hi, BLOCK_P, num_stages=STAGES):
         j = start + offs
-        page = _tile_pages(row_r2t, j, hi, PS)
-        lm = _landmark_tile(lm_ptr, page, j, hi, h, H, D)
-        tl.store(out + j, _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, j < hi, h, H, SCALED), SCALED),
+        page = tile_pages(row_r2t, j, hi, PS)
+        lm = landmark_tile(lm_ptr, page, j, hi, h, H, D)
+        tl.store(out + j, landmark_scores(lm, qs, G, page_scales(lms_ptr, page, j < hi, h, H, SCALED), SCALED),
                  mask=j < hi)
 
 
 @triton.jit
-def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, first, HD: tl.constexpr,
+def store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, first, HD: tl.constexpr,
                    N: tl.constexpr):
     """Elements ``[first, first + N)`` of request ``b``'s step key and value (tokens ``k_stride``, ``v_stride``
     apart) into the token-major pools' rows (``HD`` elements) at its slot. The caller then holds a block barrier
@@ -113,7 +113,7 @@ def _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc
 
 
 @triton.jit
-def _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr,
+def request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr,
                     b, copy_here, update_here, H: tl.constexpr, G: tl.constexpr, D: tl.constexpr, PS: tl.constexpr,
                     LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr, UPDATE: tl.constexpr, STORE_KV: tl.constexpr,
                     SCALED: tl.constexpr):
@@ -122,12 +122,12 @@ def _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, v
     head, then the landmark of the page the step's slot completes (a recent page, never a candidate this step)."""
     if COPY_Q:
         if copy_here:
-            _copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
+            copy_request_query(q_row, qout_ptr + b.to(tl.int64) * (H * G * D), H * G, D)
     if UPDATE:
         if update_here:
             if STORE_KV:
                 for hh in tl.static_range(H):
-                    _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D, D)
+                    store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, k_ptr, vbuf_ptr, loc_ptr, b, hh * D, H * D, D)
                 tl.debug_barrier()
             loc = tl.load(loc_ptr + b).to(tl.int64)
             page_mean(k_ptr, lm_ptr, lms_ptr, loc, (loc % PS) == PS - 1, H, D, PS, LM_BLOCK, SCALED)

@@ -34,8 +34,8 @@ from sparrow_server.kernels.landmarks import (  # noqa: F401  (re-export)
 )
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.score_tiles import (  # noqa: F401  (re-export: the scoring's building blocks)
-    FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, _copy_group_query, _copy_request_query, _group_query_sum, _landmark_scores,
-    _landmark_tile, _request_duties, _score_row, _store_step_kv, _tile_pages,
+    FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, copy_group_query, copy_request_query, group_query_sum, landmark_scores,
+    landmark_tile, request_duties, score_row, store_step_kv, tile_pages,
 )
 from sparrow_server.kernels.page_scores_whole import whole_page_scores
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
@@ -64,9 +64,9 @@ def _score_tile(q_row, lm_ptr, lms_ptr, r2t_ptr, out_ptr, b, rpi, r2t_stride, pc
     slot = tl.load(r2t_ptr + rpi * r2t_stride + j.to(tl.int64) * PS, mask=cand, other=0).to(tl.int64)
     page = slot // PS
     for h in tl.static_range(H):
-        qs = _group_query_sum(q_row, 0, h, H, G, D)
+        qs = group_query_sum(q_row, 0, h, H, G, D)
         lm = tl.load(lm_ptr + page[:, None] * (H * D) + h * D + d[None, :], mask=cand[:, None], other=0.0)
-        sc = _landmark_scores(lm, qs, G, page_scales(lms_ptr, page, cand, h, H, SCALED), SCALED)
+        sc = landmark_scores(lm, qs, G, page_scales(lms_ptr, page, cand, h, H, SCALED), SCALED)
         tl.store(out_ptr + (b * H + h).to(tl.int64) * pcap + j, sc, mask=cand)
 
 
@@ -77,16 +77,16 @@ def _score_kernel(q_ptr, lm_ptr, lms_ptr, k_ptr, loc_ptr, r2t_ptr, rpi_ptr, lo_p
                   EVEN: tl.constexpr, UPDATE: tl.constexpr, LM_BLOCK: tl.constexpr, COPY_Q: tl.constexpr,
                   STORE_KV: tl.constexpr, SCALED: tl.constexpr):
     """Programs (b, p): request ``b``'s query heads read ``q_stride`` elements a token apart; COPY_Q: program
-    (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``_copy_group_query``).
+    (b, 0) also copies them into the contiguous ``qout_ptr`` (as the fused launch's ``copy_group_query``).
     STORE_KV (with UPDATE): the landmark's program first stores the step's key and value of every head (as the
-    fused launch's ``_store_step_kv``)."""
+    fused launch's ``store_step_kv``)."""
     b = tl.program_id(0)
     p = tl.program_id(1)
     q_row = q_ptr + b.to(tl.int64) * q_stride
     # This step's token completes a page: its landmark, before it can become a candidate (the partial page is
     # always a recent page, never scored). The split grid gives it to the last program, idle unless the row needs
     # every program, so no scoring program runs it first.
-    _request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
+    request_duties(q_row, qout_ptr, k_ptr, lm_ptr, lms_ptr, loc_ptr, kin_ptr, vin_ptr, k_stride, v_stride, vbuf_ptr, b,
                     p == 0, p == (NPROG - 1 if EVEN else 0), H, G, D, PS, LM_BLOCK, COPY_Q, UPDATE, STORE_KV, SCALED)
     lo = tl.load(lo_ptr + b)
     hi = tl.load(hi_ptr + b)
@@ -152,7 +152,7 @@ def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t
             s = tl.load(sink_ptr + b)
             out = out_ptr + tl.load(indptr_ptr + r)
         if STORE_KV:
-            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
+            store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
             row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)
@@ -160,7 +160,7 @@ def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t
             t, slot, m = reserved_ids(row_r2t, n, cnt, s, k, 0, PS, SMALL)
     else:
         if STORE_KV:
-            _store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
+            store_step_kv(kin_ptr, vin_ptr, k_stride, v_stride, kbuf_ptr, vbuf_ptr, loc_ptr, b, h * D, H * D, D)
             tl.debug_barrier()
         if UPDATE:
             row_update(kbuf_ptr, lm_ptr, lms_ptr, loc_ptr, b, h, H, D, PS, SCALED)
@@ -168,10 +168,10 @@ def _row_kernel(q_ptr, lm_ptr, lms_ptr, kbuf_ptr, loc_ptr, scores_ptr, pcap, r2t
         hi = tl.load(hi_ptr + b)
         row_r2t = r2t_ptr + tl.load(rpi_ptr + b).to(tl.int64) * r2t_stride
     if COPY_Q:
-        qs = _copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
+        qs = copy_group_query(q_ptr, q_stride, qout_ptr, b, h, H, G, D)
     else:
-        qs = _group_query_sum(q_ptr, b, h, H, G, D)
-    _score_row(qs, lm_ptr, lms_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P,
+        qs = group_query_sum(q_ptr, b, h, H, G, D)
+    score_row(qs, lm_ptr, lms_ptr, row_r2t, scores_ptr + r.to(tl.int64) * pcap, h, lo, hi, H, G, D, PS, BLOCK_P,
                STAGES, SCALED)
     if SELECT:
         if HOIST:
