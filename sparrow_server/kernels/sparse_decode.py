@@ -34,8 +34,8 @@ from sparrow_server.kernels.landmarks import (  # noqa: F401  (re-export)
 )
 from sparrow_server.kernels.reference import per_head_kv_view  # noqa: F401  (re-export)
 from sparrow_server.kernels.score_tiles import (  # noqa: F401  (re-export: the scoring's building blocks)
-    FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, copy_group_query, copy_request_query, group_query_sum, landmark_scores,
-    landmark_tile, request_duties, score_row, store_step_kv, tile_pages,
+    FLOAT_BIG, ROW_BLOCK_P, ROW_STAGES, copy_group_query, group_query_sum, landmark_scores, request_duties, score_row,
+    store_step_kv,
 )
 from sparrow_server.kernels.page_scores_whole import whole_page_scores
 from sparrow_server.kernels.topk import (  # noqa: F401  (re-export: the selection's second half)
