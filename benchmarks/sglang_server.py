@@ -169,6 +169,7 @@ class Server:
     def __init__(self, model_dir, args: list[str], log_path, port: int = 30000, env: dict | None = None,
                  sparrow: bool = False):
         self.port = port
+        self.model_dir = str(model_dir)
         self.log_path = Path(log_path)
         if sparrow:  # `sparrow-server serve --engine sglang`: SGLang's server with the sparrow app mounted
             self.cmd = [sys.executable, "-m", "sparrow_server.cli", "serve", "--engine", "sglang",
@@ -209,9 +210,25 @@ class Server:
                 continue
             if self.proc.poll() is not None:  # healthy, but not this process: it died (a port taken meanwhile)
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            self.refuse_another_servers_answer()
             return time.time() - t0
         self.stop()
         raise TimeoutError(f"server not healthy after {timeout_s} s:\n{self.tail()}")
+
+    def refuse_another_servers_answer(self) -> None:
+        """Raise (and stop this server) where the port's ``/model_info`` names another model: two servers started at
+        once on one port both pass the free-port check, and the first to bind answers the other's /health while the
+        other still loads (call 49, 2: two benchmarks' servers on port 30100, both clients' requests on one of them).
+        A server without the route (not SGLang's) is taken at its word."""
+        try:
+            with urllib.request.urlopen(self.base + "/model_info", timeout=10) as resp:
+                served = json.loads(resp.read()).get("model_path")
+        except Exception:
+            return
+        if served is not None and os.path.realpath(served) != os.path.realpath(self.model_dir):
+            self.stop()
+            raise RuntimeError(f"port {self.port} is answered by another server (model_path {served!r}, "
+                               f"not {self.model_dir!r})")
 
     def tail(self, n: int = 40) -> str:
         try:

@@ -1,6 +1,7 @@
 """benchmarks/sglang_server.py's Server on CPU: a port another process listens on is refused before the server
 starts (its /health would answer for this one: call 25's two profiles on one port, one benchmarking the other's
-server), and a stopped server's port, its connections in TIME_WAIT, is free again."""
+server), a server whose port another server answers is stopped at once (both passed that check when started
+together), and a stopped server's port, its connections in TIME_WAIT, is free again."""
 from __future__ import annotations
 
 import os
@@ -28,6 +29,39 @@ def test_a_port_in_use_is_refused_at_once(tmp_path):
         with pytest.raises(RuntimeError, match=f"port {port} is in use"):
             srv.start(timeout_s=30)
         assert time.time() - t0 < 5 and srv.proc is None  # nothing started
+
+
+STAND_IN = """import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class Answer(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"model_path": sys.argv[2]} if self.path == "/model_info" else {}).encode()
+        self.send_response(200); self.end_headers(); self.wfile.write(body)
+    def log_message(self, *args): pass
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("answers_own_model", [True, False])
+def test_a_port_answered_by_another_server_is_refused(tmp_path, answers_own_model):
+    """A stand-in server answers /health and /model_info with the model this server was started for, or with
+    another's (as the first of two servers started at once on one port answers the second's clients)."""
+    model_dir = tmp_path / "model"
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    port = S.free_port()
+    srv = S.Server(model_dir, [], tmp_path / "server.log", port=port)
+    served = str(model_dir) if answers_own_model else str(tmp_path / "other-model")
+    srv.cmd = [sys.executable, str(script), str(port), served]
+    try:
+        if answers_own_model:
+            assert srv.start(timeout_s=120) < 120 and srv.proc.poll() is None
+        else:
+            with pytest.raises(RuntimeError, match=f"port {port} is answered by another server"):
+                srv.start(timeout_s=120)
+            assert srv.proc is None  # this server stopped
+    finally:
+        srv.stop()
 
 
 def test_a_closed_server_s_port_is_free_again():
