@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 
 from sparrow_server.kernels import (
-    DEFAULT_LANDMARK_DTYPE, DEFAULT_SELECT_VARIANT, LANDMARK_STORAGE_DTYPES, SELECT_VARIANTS,
+    DEFAULT_LANDMARK_DTYPE, LANDMARK_STORAGE_DTYPES, SELECT_VARIANTS, default_select_variant,
 )
 from sparrow_server.sparsity.registry import ScheduleRegistry
 
@@ -81,7 +81,7 @@ class PluginConfig:
     schedule_dir: str | None = None
     topk_cap_tokens: int = DEFAULT_TOPK_CAP_TOKENS
     landmark_dtype: str = DEFAULT_LANDMARK_DTYPE
-    select_variant: str = DEFAULT_SELECT_VARIANT
+    select_variant: str | None = None  # None: by the model's GQA group (kernels.default_select_variant)
     exact_stride: int = DEFAULT_EXACT_STRIDE
     exact_max_mib: int = DEFAULT_EXACT_MAX_MIB
     sub_rows: int = DEFAULT_SUB_ROWS
@@ -91,6 +91,10 @@ class PluginConfig:
         """The top-k cap in pages: the one value both processes pass to ``kv_budget_tokens`` (the
         schedulers plan with it, the HTTP process reports each token's budget with it)."""
         return max(1, self.topk_cap_tokens // PAGE_SIZE)
+
+    def select_variant_for(self, group: int) -> str:
+        """The selection kernels of a model whose GQA group is ``group``: SPARROW_SELECT_VARIANT's, else by the group."""
+        return self.select_variant or default_select_variant(group)
 
     def server_dense_layers(self) -> tuple[int, ...]:
         """Layers the backend runs dense for every request (the stock path): the default schedule's, fixed
@@ -111,8 +115,8 @@ class PluginConfig:
         dtype = env.get(ENV_LANDMARK_DTYPE, DEFAULT_LANDMARK_DTYPE)
         if dtype not in LANDMARK_DTYPES:
             raise PluginConfigError(ENV_LANDMARK_DTYPE, dtype, f"must be one of {list(LANDMARK_DTYPES)}")
-        variant = env.get(ENV_SELECT_VARIANT, DEFAULT_SELECT_VARIANT)
-        if variant not in SELECT_VARIANTS:
+        variant = env.get(ENV_SELECT_VARIANT) or None
+        if variant is not None and variant not in SELECT_VARIANTS:
             raise PluginConfigError(ENV_SELECT_VARIANT, variant, f"must be one of {list(SELECT_VARIANTS)}")
         return cls(
             sub_rows=_int_env(env, ENV_SUB_ROWS, DEFAULT_SUB_ROWS, 1, MAX_SUB_ROWS),

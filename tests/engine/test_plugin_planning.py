@@ -163,8 +163,10 @@ def test_plugin_config_from_env():
         PluginConfig.from_env({"SPARROW_TOPK_CAP_TOKENS": "x"})
     with pytest.raises(PluginConfigError, match="SPARROW_LANDMARK_DTYPE"):
         PluginConfig.from_env({"SPARROW_LANDMARK_DTYPE": "int8"})
-    assert PluginConfig.from_env({}).select_variant == "fused_kvstore_narrow"  # issue 24, call 36
-    assert PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "v1"}).select_variant == "v1"
+    by_group = PluginConfig.from_env({})  # issue 24: call 36's kernels at a GQA group of 2, call 49's from 4
+    assert [by_group.select_variant_for(g) for g in (1, 2, 4, 8)] == ["fused_kvstore_narrow"] * 2 + ["fused_pages_narrow"] * 2
+    named = PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "v1"})
+    assert named.select_variant_for(2) == named.select_variant_for(4) == "v1"
     with pytest.raises(PluginConfigError, match="SPARROW_SELECT_VARIANT"):
         PluginConfig.from_env({"SPARROW_SELECT_VARIANT": "fast"})
     assert PluginConfig.from_env({}).sub_rows == 1  # off until a served decode measures a rule (call 37)

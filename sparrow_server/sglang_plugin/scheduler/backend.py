@@ -117,7 +117,7 @@ class SparrowAttnBackend(FlashInferAttnBackend):
         self.table = state.table(self.req_to_token.shape[0])
         self.pcap = math.ceil(self.max_context_len / self.page_size)
         self.topk_cap = min(cfg.topk_cap_pages, self.pcap)  # pcap >= 1; lengths never exceed it
-        self.select_variant = cfg.select_variant  # which selection kernels (same pages, different speed)
+        self.select_variant = cfg.select_variant_for(self.group)  # which selection kernels (same pages, other speed)
         # the selection's launch copies the query for the attention, and stores the step's K and V itself where its
         # variant does and the pool is plain: decided once here, not per layer
         self.copies_query = K.copies_query(self.select_variant)
