@@ -30,14 +30,20 @@ PRESET = "h200"
 # Runs after the fit, on faster selections: rollouts at calls 28-33's defaults and call 45's (its sparse half; the
 # dense half's JSON was lost with its host), decode at call 39's and call 44's; call 47's halves of rollout A and
 # decode at 32K x 34 (two invocations on one card) and its decode at 32K x 16; call 48's halves of Qwen3-4B rollout A
-# (two invocations on one card).
+# (two invocations on one card); call 49's served selections at Qwen3-1.7B's 32K (the default, fused_pages_narrow),
+# its rollout A's sparse half with fused_pages_narrow, and Qwen3-4B's and 8B's decodes (dense, each selection).
 LATER_RUNS = ("speed/call28/rolloutA/out", "speed/call29/rolloutB_33/out", "speed/call29/rolloutA_4b/out",
               "speed/call30/rolloutA_8b/out", "speed/call33/rolloutA/rolloutA", "speed/call39/decode32k/decode32k",
               "speed/call44/nocompile_decode32k/decode32k_nocompile",
               "speed/call45/3_dense_clocks_sparse_rollout/rolloutA_sparse", "speed/call46/1_decode32k_capture/decode32k",
               "speed/call47/1_dense_half/dense", "speed/call47/2_sparse_half_profiles/sparse",
               "speed/call47/3_dense_profiles_decode16/decode32k_b16", "speed/call48/2_4b_sparse_half_profile/sparse",
-              "speed/call48/3_4b_dense_half/dense")
+              "speed/call48/3_4b_dense_half/dense", "speed/call49/1_pages_bench_served/sparse_fused_kvstore_narrow",
+              "speed/call49/1_pages_bench_served/sparse_fused_pages_narrow",
+              "speed/call49/1_pages_bench_served/rolloutA_sparse_pages", "speed/call49/3_4b_served_pages_ab/dense",
+              "speed/call49/3_4b_served_pages_ab/sparse_fused_pages_narrow",
+              "speed/call49/3_4b_served_pages_ab/sparse_fused_kvstore_narrow", "speed/call49/4_8b_decode/dense",
+              "speed/call49/4_8b_decode/sparse", "speed/call49/5_8b_pages_ab/sparse_kvstore")
 # Call 43 on one H200: the dense server, the sparse one with float8 landmarks, then the sparse one with bfloat16.
 FLOAT8_RUNS = {"float8_e4m3fn": "speed/call43/float8_served/decode32k_fp8",
                "bfloat16": "speed/call43/float8_served/decode32k_bf16"}
