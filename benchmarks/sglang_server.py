@@ -147,6 +147,16 @@ def port_in_use(port: int) -> bool:
     return False
 
 
+def _names_model(served: str, model_dir: str) -> bool:
+    """Whether a ``/model_info`` ``model_path`` names ``model_dir``: SGLang answers the path it was given, the
+    reference engine (``sparrow-server serve --engine reference``) the model's name: its folder's, or a GGUF file's
+    stem (``sparrow_server.models.load_model``)."""
+    if os.path.isabs(served):
+        return os.path.realpath(served) == os.path.realpath(model_dir)
+    name = os.path.basename(os.path.normpath(model_dir))
+    return served in (model_dir, name, os.path.splitext(name)[0])
+
+
 _LIVE: set["Server"] = set()  # servers this process started and has not stopped
 
 
@@ -219,13 +229,13 @@ class Server:
         """Raise (and stop this server) where the port's ``/model_info`` names another model: two servers started at
         once on one port both pass the free-port check, and the first to bind answers the other's /health while the
         other still loads (call 49, 2: two benchmarks' servers on port 30100, both clients' requests on one of them).
-        A server without the route (not SGLang's) is taken at its word."""
+        A server without the route is taken at its word."""
         try:
             with urllib.request.urlopen(self.base + "/model_info", timeout=10) as resp:
                 served = json.loads(resp.read()).get("model_path")
         except Exception:
             return
-        if served is not None and os.path.realpath(served) != os.path.realpath(self.model_dir):
+        if served is not None and not _names_model(served, self.model_dir):
             self.stop()
             raise RuntimeError(f"port {self.port} is answered by another server (model_path {served!r}, "
                                f"not {self.model_dir!r})")

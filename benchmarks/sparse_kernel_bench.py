@@ -235,6 +235,9 @@ def attention_us(pool, ctx: int, schedule, max_context: int, ws, name: str,
     of FlashInfer decode of one layer on the kernel ``name``: the sparse one over the pages the default selection
     variant picks (planned as under a CUDA graph with ``graph``), the dense one on the same kernel at FlashInfer's
     own split."""
+    # before the kernel's first call (a fresh host builds FlashInfer's module for a plan here): a cut run says which
+    # (call 49: four tensor-core plans printed nothing in 326 s)
+    print(f"[bench] context {ctx}, server {max_context}: attention on {name}", file=sys.stderr, flush=True)
     split, parts = kernel_split(name), kernel_parts(name)
     case, _, layer = _build_layer(pool, ctx, schedule, max_context, ws, split, parts, graph)
     layer(1 / math.sqrt(D), case.req_to_token[1:, ctx - 1].long())

@@ -42,19 +42,22 @@ HTTPServer(("127.0.0.1", int(sys.argv[1])), Answer).serve_forever()
 """
 
 
-@pytest.mark.parametrize("answers_own_model", [True, False])
-def test_a_port_answered_by_another_server_is_refused(tmp_path, answers_own_model):
-    """A stand-in server answers /health and /model_info with the model this server was started for, or with
-    another's (as the first of two servers started at once on one port answers the second's clients)."""
-    model_dir = tmp_path / "model"
+@pytest.mark.parametrize("served", ["own path", "own name", "another path", "another name"])
+def test_a_port_answered_by_another_server_is_refused(tmp_path, served):
+    """A stand-in server answers /health and /model_info with the model this server was started for (its path, as
+    SGLang answers, or its folder's name, as the reference engine does), or with another's (as the first of two
+    servers started at once on one port answers the second's clients: same folder name, another path, as two
+    benchmarks' temporary checkpoints)."""
+    model_dir = tmp_path / "run-a" / "model"
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     port = S.free_port()
     srv = S.Server(model_dir, [], tmp_path / "server.log", port=port)
-    served = str(model_dir) if answers_own_model else str(tmp_path / "other-model")
-    srv.cmd = [sys.executable, str(script), str(port), served]
+    answer = {"own path": str(model_dir), "own name": "model", "another path": str(tmp_path / "run-b" / "model"),
+              "another name": "other-model"}[served]
+    srv.cmd = [sys.executable, str(script), str(port), answer]
     try:
-        if answers_own_model:
+        if served.startswith("own"):
             assert srv.start(timeout_s=120) < 120 and srv.proc.poll() is None
         else:
             with pytest.raises(RuntimeError, match=f"port {port} is answered by another server"):
