@@ -268,8 +268,8 @@ SELECT_CHUNK = 1024   # scores per tile of ``select_and_write`` for longer rows 
 # (TopKVariant.scores_whole_pages), the default of models whose GQA group is 4 or more (``default_select_variant``).
 # Call 49's bench (``benchmarks/results/speed/call49/``), us of scoring, the split grid against it: at Qwen3-4B's group
 # of 4, 21.9 / 15.0 at 48 x 8K and 36.0 / 30.9 at 48 x 16K (served: +1.2% and +3.1% tok/s); at 1.7B's group of 2,
-# 45.4 / 49.2 at 34 x 32K, 51.0 / 58.2 at 40 x 32K, 24.5 / 28.2 and 44.8 / 49.5 at 64 x 8K and 16K, 34.5 / 31.0 at
-# 48 x 16K (served at 32K: -1.0% at 16, -0.3% at 34).
+# 45.4 / 49.2 at 34 x 32K, 51.8 / 53.7 at 34 x 36K, 51.0 / 58.2 at 40 x 32K, 24.5 / 28.2 and 44.8 / 49.5 at 64 x 8K
+# and 16K, 34.5 / 31.0 at 48 x 16K (served at 32K: -1.0% at 16, -0.3% at 34).
 # Nor are rounds whose 256 digits split the live keys' own range [lowest, highest] (a reduction of both a round, a
 # shift of ``key - lowest``), so that the first round parts keys of one exponent and two rounds usually end the search:
 # in call 31's phase profile the search took 10.7-14.0 us against the fixed digits' three rounds' 7.5-9.9 (batch
