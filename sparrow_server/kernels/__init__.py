@@ -69,12 +69,12 @@ SELECT_VARIANTS = ("v1", "split", "even", "hist", "fine", "fine_hist", "fine_his
 # (-0.3%); one H200 alone at batch 16: 2828.1 vs 2801.8 (+0.9%).
 DEFAULT_SELECT_VARIANT = "fused_kvstore_narrow"
 # A model whose GQA group is 4 or more (Qwen3-4B and 8B: 32 query heads over 8 KV heads) is served by
-# ``fused_pages_narrow`` (call 49, H200, benchmarks/results/speed/call49/): its scoring past the fused rows, at Qwen3-4B's
-# shape, 15.0 against 21.9 us a layer at 48 x 8K and 30.9 against 36.0 at 48 x 16K, but at Qwen3-1.7B's group of 2
-# slower than the default in five of six cases (49.2 against 45.4 at 34 x 32K, 53.7 against 51.8 at 34 x 36K, 58.2
-# against 51.0 at 40 x 32K, 28.2 against 24.5 at 64 x 8K, 49.5 against 44.8 at 64 x 16K; 31.0 against 34.5 at 48 x
-# 16K) and in served decode at 32K
-# (2,825.7 against 2,855.5 tok/s at 16, 3,471.7 against 3,480.8 at 34, one card, back to back).
+# ``fused_pages_narrow`` (call 49, H200, benchmarks/results/speed/call49/): its scoring past the fused rows, at
+# Qwen3-4B's shape, 15.0 against 21.9 us a layer at 48 x 8K and 30.9 against 36.0 at 48 x 16K, but at Qwen3-1.7B's
+# group of 2 slower than the default in five of six cases (49.2 against 45.4 at 34 x 32K, 53.7 against 51.8 at 34 x
+# 36K, 58.2 against 51.0 at 40 x 32K, 28.2 against 24.5 at 64 x 8K, 49.5 against 44.8 at 64 x 16K; 31.0 against 34.5
+# at 48 x 16K) and in served decode at 32K (2,825.7 against 2,855.5 tok/s at 16, 3,471.7 against 3,480.8 at 34, one
+# card, back to back).
 WIDE_GROUP, WIDE_GROUP_SELECT_VARIANT = 4, "fused_pages_narrow"
 
 
