@@ -11,6 +11,8 @@ head of each page it reads, the same scores written to the same places as the sp
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -75,8 +77,14 @@ def page_programs(batch: int, device: torch.device) -> int:
     """Programs a request: PAGE_PROGRAMS_PER_SM an SM over ``batch`` requests (static for a captured batch)."""
     if device.type != "cuda":
         return PAGE_PROGRAMS_INTERPRETED
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, triton.cdiv(PAGE_PROGRAMS_PER_SM * sms, batch))
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return max(1, triton.cdiv(PAGE_PROGRAMS_PER_SM * _sm_count(index), batch))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    """The card's SMs, read once: ``page_programs`` runs at every eager decode step of every sparse layer."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def whole_page_scores(q: Tensor, landmarks: Tensor, landmark_scales: Tensor | None, req_to_token: Tensor,

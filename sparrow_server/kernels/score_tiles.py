@@ -34,8 +34,8 @@ def group_query_sum(q_ptr, b, h, H: tl.constexpr, G: tl.constexpr, D: tl.constex
 
 @triton.jit
 def landmark_scores(lm, qs, G: tl.constexpr, scale, SCALED: tl.constexpr):
-    """Scores of a [pages, D] landmark tile (SCALED: times its pages' ``scale``) against the group's mean query, as
-    ``select_pages`` ranks them: NaN the lowest candidate, +-inf clamped to +-FLOAT_BIG / 2."""
+    """Scores of a [pages, D] landmark tile (SCALED: times its pages' ``scale``) against the group's mean query,
+    ``clamp_scores``'d."""
     sc = tl.sum(lm.to(tl.float32) * (qs / G)[None, :], axis=1)
     if SCALED:
         sc = sc * scale  # a power of two: the same score as the scaled landmark's, bit for bit
